@@ -1,0 +1,87 @@
+"""All settings in one object, read from ``BILLING_*`` environment variables and CLI flags."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from pydantic import Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+def _default_home() -> Path:
+    return Path(os.environ.get("BILLING_HOME", ".billing")).resolve()
+
+
+class Settings(BaseSettings):
+    """Pipeline settings. Every field can be set as ``BILLING_<NAME>`` (case-insensitive)."""
+
+    model_config = SettingsConfigDict(env_prefix="BILLING_", extra="ignore", frozen=True)
+
+    # Where the local stack keeps its data (Azurite, SQLite file, pid files).
+    home: Path = Field(default_factory=_default_home)
+
+    # Storage: a connection string, or an account URL used with DefaultAzureCredential.
+    storage_connection_string: SecretStr | None = None
+    storage_account_url: str | None = None
+
+    # SQL store; default a SQLite file under ``home``.
+    sql_url: SecretStr | None = None
+
+    # Queues and containers.
+    queue_prefix: str = "billing"
+    partitions: int = Field(default=4, ge=1, le=64)
+    inbox_container: str = "billing-inbox"
+    work_container: str = "billing-work"
+    reference_container: str = "billing-reference"
+
+    # Work items.
+    work_item_size: int = Field(default=1000, ge=1, le=100_000)
+    max_message_bytes: int = Field(default=64 * 1024, ge=1024)
+
+    # Listener (names follow the whitepaper; see README for host.json equivalents).
+    dequeue_batch_size: int = Field(default=32, ge=1, le=32)
+    dequeue_tasks: int = Field(default=2, ge=1, le=256)
+    visibility_timeout: int = Field(default=60, ge=1, le=7 * 24 * 3600)
+    min_idle_interval: float = Field(default=0.0, ge=0)
+    max_idle_interval: float = Field(default=10.0, gt=0)
+    backoff_delta: float = Field(default=0.1, gt=0)
+    max_dequeue_count: int = Field(default=5, ge=1)
+
+    # Storage SDK retry policy.
+    retry_total: int = Field(default=5, ge=0)
+    retry_backoff: float = Field(default=0.5, gt=0)
+    request_timeout: float = Field(default=30.0, gt=0)
+
+    # Concurrency.
+    max_concurrent_sends: int = Field(default=32, ge=1)
+    cpu_workers: int = Field(default_factory=lambda: max(1, os.cpu_count() or 1))
+
+    @property
+    def input_queues(self) -> list[str]:
+        """The partitioned input queues, ``<prefix>-input-0..N-1``."""
+        return [f"{self.queue_prefix}-input-{i}" for i in range(self.partitions)]
+
+    @property
+    def results_queue(self) -> str:
+        return f"{self.queue_prefix}-results"
+
+    @property
+    def requests_queue(self) -> str:
+        """Batch requests from ``billing submit`` to the initiator."""
+        return f"{self.queue_prefix}-requests"
+
+    @property
+    def all_queues(self) -> list[str]:
+        return [self.requests_queue, *self.input_queues, self.results_queue]
+
+    @property
+    def all_containers(self) -> list[str]:
+        return [self.inbox_container, self.work_container, self.reference_container]
+
+    @property
+    def sql_url_value(self) -> str:
+        """The SQL URL to connect to (SQLite under ``home`` unless configured)."""
+        if self.sql_url is not None:
+            return self.sql_url.get_secret_value()
+        return f"sqlite:///{self.home / 'billing.db'}"
