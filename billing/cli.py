@@ -1,0 +1,170 @@
+"""``billing``: the command line over the pipeline (thin: parse, then delegate)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from pathlib import Path
+
+import click
+from rich.console import Console
+
+from controller import reports
+from controller.store import BatchStatus, Store
+from shared.errors import BillingError
+from shared.sample import generate, write_price_book, write_tax_table
+from shared.settings import Settings
+
+from . import bench, client, demo, progress, runtime
+from .stack import AzuriteStack
+
+console = Console(stderr=True)
+ROLES = ("initiator", "processor", "controller")
+
+
+@click.group()
+@click.option("-v", "--verbose", is_flag=True, help="Debug logging.")
+def cli(verbose: bool) -> None:
+    """A queue-based billing pipeline on Azure Storage (Azurite locally) and SQL."""
+    runtime.configure_logging(verbose)
+
+
+@cli.command()
+def up() -> None:
+    """Start the local stack (Azurite) under BILLING_HOME; idempotent."""
+    settings = Settings()
+    connection = AzuriteStack(home=settings.home).start()
+    click.echo(f"BILLING_HOME={settings.home}")
+    click.echo(f"BILLING_STORAGE_CONNECTION_STRING={runtime.redact(connection)}")
+    click.echo(f"BILLING_SQL_URL={runtime.redact(settings.sql_url_value)}")
+    click.echo("Other billing commands with the same BILLING_HOME use this stack.")
+
+
+@cli.command()
+def down() -> None:
+    """Stop the local stack; idempotent."""
+    AzuriteStack(home=Settings().home).stop()
+    click.echo("local stack stopped")
+
+
+def _role_command(role: str) -> click.Command:
+    @click.option("--burst", is_flag=True, help="Drain what is queued, then exit.")
+    @click.option("--partitions", type=int, help="Number of input queues (BILLING_PARTITIONS).")
+    def command(burst: bool, partitions: int | None) -> None:
+        settings = runtime.resolve(partitions=partitions)
+        asyncio.run(runtime.run_role(role, settings, burst=burst))
+
+    command.__doc__ = f"Run the {role} until SIGINT/SIGTERM (or drained, with --burst)."
+    return click.command(role)(command)
+
+
+for _role in ROLES:
+    cli.add_command(_role_command(_role))
+
+
+@cli.command()
+@click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--batch-id", help="Batch id (default: SHA-256 of the file).")
+@click.option("--pricebook", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--taxes", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--wait", is_flag=True, help="Block until the batch is complete and print its summary.")
+@click.option("--timeout", type=float, help="With --wait: give up after this many seconds.")
+def submit(file: Path, batch_id: str | None, pricebook: Path | None, taxes: Path | None, wait: bool, timeout: float | None) -> None:
+    """Submit one batch file (CSV, JSON Lines or Parquet)."""
+    settings = runtime.resolve()
+    outcome = asyncio.run(client.submit(settings, file, batch_id=batch_id, pricebook=pricebook, taxes=taxes))
+    if outcome.duplicate:
+        click.echo(f"batch {outcome.batch_id} was already submitted; nothing changed")
+    else:
+        click.echo(f"batch {outcome.batch_id} submitted ({outcome.fmt})")
+    if wait:
+        with Store(settings.sql_url_value) as store:
+            status = progress.wait_with_progress(store, outcome.batch_id, console=console, timeout=timeout)
+        progress.print_summary(status)
+        if status.state not in ("complete",):
+            sys.exit(1)
+
+
+@cli.command()
+@click.argument("batch_id", required=False)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def status(batch_id: str | None, as_json: bool) -> None:
+    """Show one batch's state, or every batch."""
+    settings = Settings()
+    with Store(settings.sql_url_value) as store:
+        found = [store.batch(batch_id)] if batch_id else store.batches()
+    if batch_id and found[0] is None:
+        raise click.ClickException(f"batch {batch_id} is unknown (not yet debatched, or never submitted)")
+    rows = [s.to_json_dict() for s in found if s is not None]
+    if as_json:
+        click.echo(json.dumps(rows[0] if batch_id else rows, indent=2))
+    else:
+        for row in rows:
+            click.echo(" ".join(f"{k}={v}" for k, v in row.items()))
+
+
+@cli.command()
+@click.argument("kind", type=click.Choice(["aggregates", "invoices", "rejects"]))
+@click.option("--batch", "batch_id", required=True)
+@click.option("--format", "fmt", type=click.Choice(["table", "csv", "json", "parquet"]), default="table")
+@click.option("--output", type=click.Path(dir_okay=False, path_type=Path))
+def report(kind: str, batch_id: str, fmt: str, output: Path | None) -> None:
+    """Print or write a report of one batch."""
+    settings = Settings()
+    with Store(settings.sql_url_value) as store:
+        frame = getattr(reports, kind)(store, batch_id)
+    text = reports.write_report(frame, fmt, output)
+    if text is not None:
+        click.echo(text)
+
+
+@cli.command("generate")
+@click.option("--rows", type=int, required=True)
+@click.option("--seed", type=int, default=0)
+@click.option("--format", "fmt", type=click.Choice(["csv", "jsonl", "parquet"]), default="csv")
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), required=True)
+def generate_command(rows: int, seed: int, fmt: str, out: Path) -> None:
+    """Generate a sample batch file."""
+    generate(rows, out, seed=seed, fmt=fmt)
+    click.echo(f"wrote {rows} rows to {out}")
+
+
+@cli.command("reference")
+@click.option("--out-dir", type=click.Path(file_okay=False, path_type=Path), default=Path("."))
+def reference_command(out_dir: Path) -> None:
+    """Write the sample price book and tax table (pricebook.csv, taxes.csv)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    write_price_book(out_dir / "pricebook.csv")
+    write_tax_table(out_dir / "taxes.csv")
+    click.echo(f"wrote {out_dir / 'pricebook.csv'} and {out_dir / 'taxes.csv'}")
+
+
+@cli.command("demo")
+@click.option("--rows", type=int, default=200_000, show_default=True)
+@click.option("--seed", type=int, default=1)
+def demo_command(rows: int, seed: int) -> None:
+    """Run the whole pipeline locally on a sample batch and print the results."""
+    demo.run(rows=rows, seed=seed, console=console)
+
+
+@cli.command("bench")
+@click.option("--rows", type=int, multiple=True, default=[1_000_000], show_default=True, help="Batch size (repeatable).")
+@click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path), default=Path(".billing/bench-data"))
+@click.option("--output", type=click.Path(dir_okay=False, path_type=Path), default=Path("bench-results.json"))
+def bench_command(rows: tuple[int, ...], data_dir: Path, output: Path) -> None:
+    """Measure throughput, storage requests per 1,000 transactions and peak memory."""
+    bench.run(rows=list(rows), data_dir=data_dir, output=output, console=console)
+
+
+def main(argv: list[str] | None = None) -> None:
+    try:
+        cli.main(args=argv, prog_name="billing", standalone_mode=False)
+    except click.exceptions.Abort:
+        sys.exit(130)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(exc.exit_code)
+    except BillingError as exc:
+        console.print(f"[red]error:[/red] {runtime.redact(str(exc))}")
+        sys.exit(2)

@@ -1,0 +1,114 @@
+"""The submitting side: hand a batch file over to the pipeline and, if asked, wait for it."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+from azure.core.exceptions import ResourceExistsError
+
+from controller.store import BatchStatus, Store
+from shared.batchfile import detect_format, read_chunks
+from shared.envelope import ClaimCheck
+from shared.protocol import BatchRequest, request_envelope
+from shared.reference import load_price_book, load_tax_table
+from shared.refstore import PRICEBOOK, TAXES, ReferenceStore
+from shared.sample import sample_price_book_bytes, sample_tax_table_bytes
+from shared.settings import Settings
+from shared.storage import Storage
+
+#: States in which a batch will not change any more.
+FINAL_STATES = frozenset({"complete", "complete_with_errors", "failed", "refused"})
+
+
+@dataclass(frozen=True)
+class Submission:
+    batch_id: str
+    fmt: str
+    duplicate: bool  # the batch id had been submitted before; nothing changed
+    requests: dict[str, int]  # storage requests the submission made, by kind
+
+
+def file_digest(path: Path) -> str:
+    """Hex SHA-256 of a file, read in blocks: the default batch id."""
+    digest = hashlib.sha256()
+    with path.open("rb") as file:
+        while block := file.read(1 << 20):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def check_readable(path: Path, fmt: str) -> None:
+    """Read the whole file once; raises :class:`~shared.errors.FileRefused` if it cannot be read."""
+    with path.open("rb") as file:
+        for _ in read_chunks(file, fmt):
+            pass
+
+
+async def submit(
+    settings: Settings,
+    path: Path,
+    *,
+    batch_id: str | None = None,
+    pricebook: Path | None = None,
+    taxes: Path | None = None,
+) -> Submission:
+    """Check ``path`` and hand it over: inbox blob, reference data, batch request message."""
+    with path.open("rb") as file:
+        fmt = detect_format(path.name, file.read(4096))
+    await asyncio.to_thread(check_readable, path, fmt)
+    pricebook_bytes = pricebook.read_bytes() if pricebook else sample_price_book_bytes()
+    taxes_bytes = taxes.read_bytes() if taxes else sample_tax_table_bytes()
+    load_price_book(pricebook_bytes)  # refuse invalid reference data before anything is stored
+    load_tax_table(taxes_bytes)
+    batch_id = batch_id or await asyncio.to_thread(file_digest, path)
+    async with Storage(settings) as storage:
+        await storage.ensure_all()
+        references = ReferenceStore(storage, container=settings.reference_container)
+        request = BatchRequest(
+            batch_id=batch_id,
+            source=path.name,
+            blob_name=batch_id,
+            fmt=fmt,
+            pricebook_hash=await references.put(PRICEBOOK, pricebook_bytes),
+            taxes_hash=await references.put(TAXES, taxes_bytes),
+            accepted_at=datetime.now(timezone.utc),
+        )
+        inbox = storage.container(settings.inbox_container)
+        try:
+            with path.open("rb") as file:
+                await inbox.upload_blob(
+                    batch_id, file, overwrite=False, max_concurrency=4,
+                    metadata={"source": path.name[:200].encode("ascii", "replace").decode(), "format": fmt},
+                )
+        except ResourceExistsError:
+            return Submission(batch_id, fmt, duplicate=True, requests=storage.counter.snapshot())
+        claim_check = ClaimCheck(storage, container=settings.work_container, limit=settings.max_message_bytes)
+        text = await claim_check.pack(request_envelope(request), blob_name=f"request/{batch_id}")
+        await storage.queue(settings.requests_queue).send_message(text)
+        return Submission(batch_id, fmt, duplicate=False, requests=storage.counter.snapshot())
+
+
+def wait_for(
+    store: Store,
+    batch_id: str,
+    *,
+    timeout: float | None = None,
+    on_progress: Callable[[BatchStatus | None], None] | None = None,
+) -> BatchStatus | None:
+    """Poll the store until the batch reaches a final state (or ``timeout`` passes)."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        status = store.batch(batch_id)
+        if on_progress is not None:
+            on_progress(status)
+        if status is not None and status.state in FINAL_STATES:
+            return status
+        if deadline is not None and time.monotonic() > deadline:
+            return status
+        time.sleep(0.25)

@@ -1,0 +1,100 @@
+"""``billing demo``: the whole pipeline on the local stack, each role its own process."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from controller import reports
+from controller.store import Store
+from shared.sample import generate, write_price_book, write_tax_table
+from shared.settings import Settings
+
+from . import client, progress, runtime
+
+ROLES = ("initiator", "processor", "controller")
+
+
+@contextmanager
+def role_processes(settings: Settings, log_dir: Path) -> Iterator[list[subprocess.Popen[bytes]]]:
+    """Start initiator, processor and controller as separate processes; stop them gracefully."""
+    env = {**os.environ, "BILLING_HOME": str(settings.home)}
+    assert settings.storage_connection_string is not None
+    env["BILLING_STORAGE_CONNECTION_STRING"] = settings.storage_connection_string.get_secret_value()
+    env["BILLING_SQL_URL"] = settings.sql_url_value
+    log_dir.mkdir(parents=True, exist_ok=True)
+    processes = []
+    try:
+        for role in ROLES:
+            log = (log_dir / f"{role}.log").open("ab")
+            processes.append(subprocess.Popen([sys.executable, "-m", role], env=env, stdout=log, stderr=log))
+        yield processes
+    finally:
+        for process in processes:
+            process.send_signal(signal.SIGTERM)
+        for process in processes:
+            try:
+                process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                process.kill()
+
+
+def run(*, rows: int, seed: int, console: Console) -> None:
+    """Generate a sample batch, run it through the pipeline and print what came out."""
+    settings = runtime.resolve()
+    work = settings.home / "demo"
+    work.mkdir(parents=True, exist_ok=True)
+    batch, pricebook, taxes = work / f"transactions-{rows}-{seed}.csv", work / "pricebook.csv", work / "taxes.csv"
+    with console.status(f"generating {rows:,} sample transactions"):
+        if not batch.exists():
+            generate(rows, batch, seed=seed, fmt="csv")
+        write_price_book(pricebook)
+        write_tax_table(taxes)
+    console.print(f"sample batch: {batch}  (price book {pricebook}, tax table {taxes})")
+    with role_processes(settings, settings.home / "logs"):
+        started = time.monotonic()
+        submission = asyncio.run(client.submit(settings, batch, pricebook=pricebook, taxes=taxes, batch_id=f"demo-{rows}-{seed}-{int(time.time())}"))
+        console.print(f"submitted batch [bold]{submission.batch_id}[/bold]; roles log to {settings.home / 'logs'}")
+        with Store(settings.sql_url_value) as store:
+            status = progress.wait_with_progress(store, submission.batch_id, console=console)
+            invoices = reports.invoices(store, submission.batch_id)
+            aggregates = reports.aggregates(store, submission.batch_id)
+        elapsed = time.monotonic() - started
+    _print_results(console, status.to_json_dict(), invoices, aggregates, elapsed)
+
+
+def _print_results(console: Console, status: dict[str, object], invoices, aggregates, elapsed: float) -> None:  # type: ignore[no-untyped-def]
+    summary = Table(title="Batch summary", show_header=False)
+    for key, value in status.items():
+        summary.add_row(key, str(value))
+    console.print(summary)
+
+    shown = invoices.head(15)
+    table = Table(title=f"Invoices (first {len(shown)} of {len(invoices)})")
+    for column in shown.columns:
+        table.add_column(column, justify="right" if column in ("net", "tax", "total") else "left")
+    for row in shown.itertuples(index=False):
+        table.add_row(*(str(v) for v in row))
+    console.print(table)
+
+    rows, accepted, rejected = status["rows"], status["accepted"], status["rejected"]
+    recon = Table(title="Reconciliation")
+    recon.add_column("check")
+    recon.add_column("value")
+    recon.add_row("rows = accepted + rejected", f"{rows} = {accepted} + {rejected}: {'OK' if rows == accepted + rejected else 'MISMATCH'}")
+    recorded = int(aggregates["transactions"].sum()) if len(aggregates) else 0
+    recon.add_row("accepted = transactions in aggregates", f"{accepted} = {recorded}: {'OK' if accepted == recorded else 'MISMATCH'}")
+    for currency, group in invoices.groupby("currency"):
+        recon.add_row(f"total {currency} (minor units)", f"net {sum(group['net'])} + tax {sum(group['tax'])} = {sum(group['total'])}")
+    recon.add_row("wall time", f"{elapsed:.1f} s")
+    console.print(recon)

@@ -1,0 +1,81 @@
+"""Settings resolution and role start-up shared by the CLI commands."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+from typing import Any
+
+from pydantic import SecretStr
+
+from shared.service import Service, serve
+from shared.settings import Settings
+from shared.storage import Storage
+
+from .stack import AzuriteStack
+
+_SECRET = re.compile(r"(AccountKey|SharedAccessKey|sig|Password)=[^;&\s]+", re.IGNORECASE)
+
+
+def redact(text: str) -> str:
+    """``text`` with account keys, SAS signatures and passwords replaced by ``***``."""
+    return _SECRET.sub(lambda m: f"{m.group(1)}=***", text)
+
+
+class RedactingFilter(logging.Filter):
+    """Scrubs secrets from every log record that passes a handler."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.msg = redact(record.getMessage())
+        record.args = None
+        return True
+
+
+def configure_logging(verbose: bool = False) -> None:
+    handler = logging.StreamHandler()
+    handler.addFilter(RedactingFilter())
+    handler.setFormatter(logging.Formatter("%(asctime)s %(processName)s %(name)s %(levelname)s %(message)s"))
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, handlers=[handler], force=True)
+    for noisy in ("azure", "azure.core.pipeline.policies.http_logging_policy", "alembic", "urllib3"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def resolve(settings: Settings | None = None, **overrides: Any) -> Settings:
+    """Settings with a storage account: the configured one, or the local stack (started if needed)."""
+    settings = settings or Settings()
+    if overrides:
+        settings = settings.model_copy(update={k: v for k, v in overrides.items() if v is not None})
+    if settings.storage_connection_string is None and not settings.storage_account_url:
+        connection = AzuriteStack(home=settings.home).start()
+        settings = settings.model_copy(update={"storage_connection_string": SecretStr(connection)})
+    return settings
+
+
+async def run_role(role: str, settings: Settings, *, burst: bool) -> None:
+    """Run one role until a signal (or, with ``burst``, until drained); leave its final state
+    (requests made, peak memory) in ``home/state/<role>-<pid>.json``."""
+    async with Storage(settings) as storage:
+        await storage.ensure_all()
+
+        async def build() -> Service:
+            if role == "initiator":
+                from initiator.service import Initiator
+
+                return Initiator(storage=storage, settings=settings, burst=burst)
+            if role == "processor":
+                from processor.service import Processor
+
+                return Processor(storage=storage, settings=settings, burst=burst)
+            from controller.service import Controller
+            from controller.store import Store
+
+            return Controller(storage=storage, settings=settings, store=Store(settings.sql_url_value), burst=burst)
+
+        service = await serve(build)
+    state = service.state()
+    logging.getLogger(role).info("stopped; storage requests: %s", state["requests"])
+    state_dir = settings.home / "state"
+    state_dir.mkdir(parents=True, exist_ok=True)
+    (state_dir / f"{role}-{os.getpid()}.json").write_text(json.dumps(state, indent=2))

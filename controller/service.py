@@ -1,0 +1,67 @@
+"""The controller: drains the results queue into the SQL store, one transaction per batch."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping
+
+from azure.storage.queue import QueueMessage
+
+from shared.envelope import ClaimCheck
+from shared.errors import PoisonMessage
+from shared.listener import ListenerSettings, QueueListener
+from shared.messages import Manifest, WorkItemResult
+from shared.poison import PoisonQueue
+from shared.protocol import MANIFEST, parse_manifest, parse_results
+from shared.service import Service
+from shared.settings import Settings
+from shared.storage import Storage
+
+from .store import Store
+
+log = logging.getLogger(__name__)
+
+
+class Controller(Service):
+    """Records manifests and partial aggregates, idempotently, and completes batches."""
+
+    name = "controller"
+
+    def __init__(self, *, storage: Storage, settings: Settings, store: Store, burst: bool = False) -> None:
+        super().__init__(storage=storage)
+        self.store = store
+        self.claim_check = ClaimCheck(storage, container=settings.work_container, limit=settings.max_message_bytes)
+        self.listeners = [
+            QueueListener(
+                queue=storage.queue(settings.results_queue),
+                handler=self.handle,
+                poison=PoisonQueue(storage, self.claim_check),
+                # SQL writes serialise per batch anyway: one dequeue task, full batches.
+                settings=ListenerSettings.from_settings(settings, max_tasks=1),
+                burst=burst,
+            )
+        ]
+
+    async def handle(self, messages: list[QueueMessage]) -> Mapping[str, str]:
+        poisoned: dict[str, str] = {}
+        manifests: list[Manifest] = []
+        results: list[WorkItemResult] = []
+        for message in messages:
+            try:
+                envelope = await self.claim_check.unpack(message.content)
+                if envelope.kind == MANIFEST:
+                    manifests.append(parse_manifest(envelope))
+                else:
+                    results.extend(parse_results(envelope))
+            except PoisonMessage as exc:
+                poisoned[message.id] = str(exc)
+        if manifests or results:
+            outcome = await asyncio.to_thread(self.store.apply, manifests, results)
+            for batch_id in outcome.completed_batches:
+                log.info("batch %s complete", batch_id)
+        # Committed: the listener may now delete these messages.
+        return poisoned
+
+    async def aclose(self) -> None:
+        await asyncio.to_thread(self.store.close)

@@ -1,0 +1,141 @@
+"""The initiator: takes batch requests, debatches files, enqueues work items, reports manifests."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import BinaryIO
+
+from azure.core.exceptions import ResourceNotFoundError
+from azure.storage.queue import QueueMessage
+
+from shared.envelope import ClaimCheck
+from shared.errors import InputError, PoisonMessage
+from shared.listener import ListenerSettings, QueueListener
+from shared.messages import REJECT_SCHEMA, Manifest
+from shared.poison import PoisonQueue
+from shared.protocol import BatchRequest, WorkHeader, manifest_envelope, parse_request, work_envelope
+from shared.reference import load_price_book, load_tax_table
+from shared.refstore import PRICEBOOK, TAXES, ReferenceStore
+from shared.service import Service
+from shared.settings import Settings
+from shared.storage import Storage
+
+from .debatch import DebatchOutcome, debatch, read_spool
+
+log = logging.getLogger(__name__)
+
+
+class Initiator(Service):
+    """Listens on the requests queue; each request becomes work items and one manifest."""
+
+    name = "initiator"
+
+    def __init__(self, *, storage: Storage, settings: Settings, burst: bool = False) -> None:
+        super().__init__(storage=storage)
+        self.settings = settings
+        self.claim_check = ClaimCheck(storage, container=settings.work_container, limit=settings.max_message_bytes)
+        self.references = ReferenceStore(storage, container=settings.reference_container)
+        self._sends = asyncio.Semaphore(settings.max_concurrent_sends)
+        self.listeners = [
+            QueueListener(
+                queue=storage.queue(settings.requests_queue),
+                handler=self.handle,
+                poison=PoisonQueue(storage, self.claim_check),
+                # One request is a whole file: take one at a time, keep its lease renewed.
+                settings=ListenerSettings.from_settings(settings, dequeue_batch_size=1, max_tasks=1),
+                burst=burst,
+            )
+        ]
+
+    async def handle(self, messages: list[QueueMessage]) -> Mapping[str, str]:
+        poisoned: dict[str, str] = {}
+        for message in messages:
+            try:
+                request = parse_request(await self.claim_check.unpack(message.content))
+                await self.initiate(request)
+            except PoisonMessage as exc:
+                poisoned[message.id] = str(exc)
+        return poisoned
+
+    async def initiate(self, request: BatchRequest) -> Manifest:
+        """Debatch one submitted file and enqueue its work items, then its manifest."""
+        with tempfile.TemporaryDirectory(prefix="billing-initiator-") as scratch:
+            path = Path(scratch) / "batch"
+            spool_path = Path(scratch) / "spool"
+            try:
+                await self._download(request.blob_name, path)
+                price_book = load_price_book(await self.references.get(PRICEBOOK, request.pricebook_hash))
+                tax_table = load_tax_table(await self.references.get(TAXES, request.taxes_hash))
+                with spool_path.open("w+b") as spool:
+                    outcome = await asyncio.to_thread(
+                        debatch, path, request.fmt, price_book, tax_table,
+                        work_item_size=self.settings.work_item_size, spool=spool,
+                    )
+                    spool.seek(0)
+                    await self._enqueue(request, spool)
+            except InputError as exc:
+                if isinstance(exc, PoisonMessage) and exc.reason != "unknown_reference_data":
+                    raise
+                log.warning("batch %s refused: %s", request.batch_id, exc)
+                return await self._report(request, None, refused=str(exc))
+        return await self._report(request, outcome)
+
+    async def _download(self, blob_name: str, path: Path) -> None:
+        try:
+            stream = await self.storage.container(self.settings.inbox_container).download_blob(blob_name)
+        except ResourceNotFoundError as exc:
+            raise PoisonMessage("missing_batch_file", f"inbox blob {blob_name} not found") from exc
+        with path.open("wb") as file:
+            async for chunk in stream.chunks():
+                file.write(chunk)
+
+    async def _enqueue(self, request: BatchRequest, spool: BinaryIO) -> None:
+        """Send every spooled work item, round-robin over the input queues, a bounded number at once."""
+        queues = self.settings.input_queues
+        async with asyncio.TaskGroup() as sends:
+            for seq, (rows, encoded) in enumerate(read_spool(spool)):
+                header = WorkHeader(
+                    work_item_id=f"{request.batch_id}:{seq:07d}",
+                    batch_id=request.batch_id,
+                    pricebook_hash=request.pricebook_hash,
+                    taxes_hash=request.taxes_hash,
+                    rows=rows,
+                )
+                await self._sends.acquire()
+                sends.create_task(self._send(queues[seq % len(queues)], header, encoded))
+
+    async def _send(self, queue: str, header: WorkHeader, encoded: bytes) -> None:
+        try:
+            text = await self.claim_check.pack(
+                work_envelope(header, encoded), blob_name=f"work/{header.batch_id}/{header.work_item_id}"
+            )
+            await self.storage.queue(queue).send_message(text)
+        finally:
+            self._sends.release()
+
+    async def _report(self, request: BatchRequest, outcome: DebatchOutcome | None, *, refused: str | None = None) -> Manifest:
+        manifest = Manifest(
+            batch_id=request.batch_id,
+            source=request.source,
+            rows=outcome.rows if outcome else 0,
+            accepted=outcome.accepted if outcome else 0,
+            rejected=outcome.rejected if outcome else 0,
+            work_items=outcome.work_items if outcome else 0,
+            pricebook_hash=request.pricebook_hash,
+            taxes_hash=request.taxes_hash,
+            accepted_at=request.accepted_at,
+            rejects=outcome.rejects if outcome else REJECT_SCHEMA.empty_table(),
+            refused=refused,
+        )
+        text = await self.claim_check.pack(manifest_envelope(manifest), blob_name=f"manifest/{request.batch_id}")
+        await self.storage.queue(self.settings.results_queue).send_message(text)
+        log.info(
+            "batch %s: %d rows, %d accepted, %d rejected, %d work items",
+            manifest.batch_id, manifest.rows, manifest.accepted, manifest.rejected, manifest.work_items,
+        )
+        return manifest
+

@@ -1,0 +1,45 @@
+"""The processor's CPU work, run in worker processes: decode, rate and aggregate work items."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from shared.envelope import Envelope
+from shared.errors import InputError, PoisonMessage
+from shared.messages import WorkItemResult
+from shared.protocol import WorkHeader, decode_work, results_envelope
+from shared.rating import aggregate
+from shared.reference import PriceBook, TaxTable, load_price_book, load_tax_table
+
+
+@lru_cache(maxsize=16)
+def _price_book(data: bytes) -> PriceBook:
+    return load_price_book(data)
+
+
+@lru_cache(maxsize=16)
+def _tax_table(data: bytes) -> TaxTable:
+    return load_tax_table(data)
+
+
+def rate_work_items(
+    items: list[tuple[WorkHeader, bytes]], references: dict[str, bytes]
+) -> tuple[Envelope | None, dict[int, str]]:
+    """Rate a dequeued batch of work items into one coalesced results envelope.
+
+    ``references`` maps content hashes to price book / tax table bytes. Returns the envelope
+    (None if nothing could be rated) and, by position, the items that are poison with why.
+    """
+    results: list[WorkItemResult] = []
+    poisoned: dict[int, str] = {}
+    for index, (header, encoded) in enumerate(items):
+        try:
+            transactions = decode_work(header, encoded)
+            price_book = _price_book(references[header.pricebook_hash])
+            tax_table = _tax_table(references[header.taxes_hash])
+            partials = aggregate(transactions, price_book, tax_table)
+        except (InputError, KeyError) as exc:
+            poisoned[index] = str(exc) if isinstance(exc, PoisonMessage) else f"unratable: {exc}"
+            continue
+        results.append(WorkItemResult(header.work_item_id, header.batch_id, header.rows, partials))
+    return (results_envelope(results) if results else None), poisoned

@@ -1,0 +1,78 @@
+"""The processor: one listener per input queue; rates work items and sends partial aggregates."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import multiprocessing
+import uuid
+from collections.abc import Mapping
+from concurrent.futures import ProcessPoolExecutor
+
+from azure.storage.queue import QueueMessage
+
+from shared.envelope import ClaimCheck
+from shared.errors import PoisonMessage
+from shared.listener import ListenerSettings, QueueListener
+from shared.poison import PoisonQueue
+from shared.protocol import WorkHeader, parse_work_header
+from shared.refstore import PRICEBOOK, TAXES, ReferenceStore
+from shared.service import Service
+from shared.settings import Settings
+from shared.storage import Storage
+
+from .jobs import rate_work_items
+
+log = logging.getLogger(__name__)
+
+
+class Processor(Service):
+    """Rates work items from every input queue into the results queue."""
+
+    name = "processor"
+
+    def __init__(self, *, storage: Storage, settings: Settings, burst: bool = False) -> None:
+        super().__init__(storage=storage)
+        self.settings = settings
+        self.claim_check = ClaimCheck(storage, container=settings.work_container, limit=settings.max_message_bytes)
+        self.references = ReferenceStore(storage, container=settings.reference_container)
+        self._pool = ProcessPoolExecutor(
+            max_workers=settings.cpu_workers, mp_context=multiprocessing.get_context("forkserver")
+        )
+        poison = PoisonQueue(storage, self.claim_check)
+        listener_settings = ListenerSettings.from_settings(settings)
+        self.listeners = [
+            QueueListener(queue=storage.queue(name), handler=self.handle, poison=poison, settings=listener_settings, burst=burst)
+            for name in settings.input_queues
+        ]
+
+    async def handle(self, messages: list[QueueMessage]) -> Mapping[str, str]:
+        """Rate one dequeued batch; send its results; the listener then deletes the inputs."""
+        poisoned: dict[str, str] = {}
+        items: list[tuple[WorkHeader, bytes]] = []
+        rated: list[QueueMessage] = []
+        references: dict[str, bytes] = {}
+        for message in messages:
+            try:
+                envelope = await self.claim_check.unpack(message.content)
+                header = parse_work_header(envelope)
+                references[header.pricebook_hash] = await self.references.get(PRICEBOOK, header.pricebook_hash)
+                references[header.taxes_hash] = await self.references.get(TAXES, header.taxes_hash)
+            except PoisonMessage as exc:
+                poisoned[message.id] = str(exc)
+                continue
+            items.append((header, envelope.payload))
+            rated.append(message)
+        if not items:
+            return poisoned
+        loop = asyncio.get_running_loop()
+        envelope, bad = await loop.run_in_executor(self._pool, rate_work_items, items, references)
+        poisoned.update({rated[index].id: reason for index, reason in bad.items()})
+        if envelope is not None:
+            text = await self.claim_check.pack(envelope, blob_name=f"results/{uuid.uuid4().hex}")
+            await self.storage.queue(self.settings.results_queue).send_message(text)
+        # The results are enqueued: from here the inputs may be deleted.
+        return poisoned
+
+    async def aclose(self) -> None:
+        await asyncio.to_thread(self._pool.shutdown)

@@ -1,0 +1,77 @@
+"""Queue message envelopes and the claim check.
+
+A message is a small JSON object: its ``kind``, free-form ``headers``, the payload's SHA-256
+and either the payload inline (base64) or a reference to the blob holding it. :class:`ClaimCheck`
+decides which: inline when the whole message stays under the queue's size limit, else a blob.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from azure.core.exceptions import ResourceNotFoundError
+
+from .errors import PoisonMessage
+from .storage import Storage, content_hash
+
+VERSION = 1
+#: Room kept under the queue's message size limit for the storage service's own framing.
+FRAMING_ALLOWANCE = 1024
+
+
+@dataclass(frozen=True)
+class Envelope:
+    """A decoded message: what it is, its headers and its payload bytes."""
+
+    kind: str
+    headers: dict[str, Any] = field(default_factory=dict)
+    payload: bytes = b""
+
+
+class ClaimCheck:
+    """Packs envelopes into queue message text, overflowing large payloads to blob storage."""
+
+    def __init__(self, storage: Storage, *, container: str, limit: int) -> None:
+        self._storage = storage
+        self._container = container
+        self._limit = limit - FRAMING_ALLOWANCE
+
+    async def pack(self, envelope: Envelope, *, blob_name: str) -> str:
+        """Message text for ``envelope``; the payload goes to ``blob_name`` if it does not fit."""
+        digest = content_hash(envelope.payload)
+        message = {"v": VERSION, "kind": envelope.kind, "headers": envelope.headers, "sha256": digest}
+        inline = json.dumps({**message, "data": base64.b64encode(envelope.payload).decode()})
+        if len(inline) <= self._limit:
+            return inline
+        blob = self._storage.container(self._container).get_blob_client(blob_name)
+        await blob.upload_blob(envelope.payload, overwrite=True)
+        return json.dumps({**message, "blob": {"container": self._container, "name": blob_name}})
+
+    async def unpack(self, text: str) -> Envelope:
+        """The envelope in ``text``; raises :class:`PoisonMessage` if it can never be read."""
+        try:
+            message = json.loads(text)
+            kind, headers, digest = message["kind"], message["headers"], message["sha256"]
+            if message.get("v") != VERSION or not isinstance(headers, dict):
+                raise ValueError(f"unsupported envelope version {message.get('v')!r}")
+            if "data" in message:
+                payload = base64.b64decode(message["data"], validate=True)
+            else:
+                ref = message["blob"]
+                payload = await self._download(ref["container"], ref["name"])
+        except (ValueError, KeyError, TypeError, binascii.Error) as exc:
+            raise PoisonMessage("bad_envelope", str(exc)) from exc
+        if content_hash(payload) != digest:
+            raise PoisonMessage("checksum_mismatch", f"payload of {kind} message does not match its sha256")
+        return Envelope(kind, headers, payload)
+
+    async def _download(self, container: str, name: str) -> bytes:
+        try:
+            stream = await self._storage.container(container).download_blob(name)
+            return await stream.readall()
+        except ResourceNotFoundError as exc:
+            raise PoisonMessage("missing_claim_check", f"blob {container}/{name} not found") from exc

@@ -1,0 +1,131 @@
+"""The pipeline's messages as envelopes: one function pair per message kind."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, TypeVar
+
+import pyarrow as pa
+
+from .codec import decode_table, encode_table
+from .envelope import Envelope
+from .errors import PoisonMessage
+from .messages import PARTIAL_SCHEMA, REJECT_SCHEMA, Manifest, WorkItemResult
+
+REQUEST, WORK, RESULTS, MANIFEST = "request", "work", "results", "manifest"
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class BatchRequest:
+    """``billing submit`` asks the initiator to debatch a file waiting in the inbox."""
+
+    batch_id: str
+    source: str
+    blob_name: str
+    fmt: str
+    pricebook_hash: str
+    taxes_hash: str
+    accepted_at: datetime
+
+
+@dataclass(frozen=True)
+class WorkHeader:
+    """Names a work item; its payload is the encoded accepted transactions."""
+
+    work_item_id: str
+    batch_id: str
+    pricebook_hash: str
+    taxes_hash: str
+    rows: int
+
+
+def request_envelope(request: BatchRequest) -> Envelope:
+    headers = {**request.__dict__, "accepted_at": request.accepted_at.isoformat()}
+    return Envelope(REQUEST, headers)
+
+
+def parse_request(envelope: Envelope) -> BatchRequest:
+    h = _expect(envelope, REQUEST)
+    return _build(BatchRequest, {**h, "accepted_at": datetime.fromisoformat(h["accepted_at"])})
+
+
+def work_envelope(header: WorkHeader, encoded: bytes) -> Envelope:
+    """A work item; ``encoded`` is :func:`shared.codec.encode_table` of its transactions."""
+    return Envelope(WORK, dict(header.__dict__), encoded)
+
+
+def parse_work_header(envelope: Envelope) -> WorkHeader:
+    return _build(WorkHeader, _expect(envelope, WORK))
+
+
+def decode_work(header: WorkHeader, encoded: bytes) -> pa.Table:
+    """The transactions of a work item, checked against its header."""
+    table = _decode(encoded)
+    if table.num_rows != header.rows:
+        raise PoisonMessage("bad_work_item", f"{header.work_item_id}: row count does not match its header")
+    return table
+
+
+def results_envelope(results: list[WorkItemResult]) -> Envelope:
+    """Coalesce the results of one dequeued batch into one envelope."""
+    items = [
+        {"work_item_id": r.work_item_id, "batch_id": r.batch_id, "transactions": r.transactions, "groups": r.partials.num_rows}
+        for r in results
+    ]
+    table = pa.concat_tables([r.partials for r in results]) if results else PARTIAL_SCHEMA.empty_table()
+    return Envelope(RESULTS, {"items": items}, encode_table(table))
+
+
+def parse_results(envelope: Envelope) -> list[WorkItemResult]:
+    h = _expect(envelope, RESULTS)
+    table = _decode(envelope.payload)
+    if table.schema != PARTIAL_SCHEMA:
+        raise PoisonMessage("bad_results", "partials do not have the expected schema")
+    results, offset = [], 0
+    try:
+        for item in h["items"]:
+            groups = int(item["groups"])
+            partials = table.slice(offset, groups)
+            offset += groups
+            results.append(WorkItemResult(str(item["work_item_id"]), str(item["batch_id"]), int(item["transactions"]), partials))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise PoisonMessage("bad_results", str(exc)) from exc
+    if offset != table.num_rows:
+        raise PoisonMessage("bad_results", "partials and item headers disagree")
+    return results
+
+
+def manifest_envelope(manifest: Manifest) -> Envelope:
+    headers = {k: v for k, v in manifest.__dict__.items() if k != "rejects"}
+    headers["accepted_at"] = manifest.accepted_at.isoformat()
+    return Envelope(MANIFEST, headers, encode_table(manifest.rejects))
+
+
+def parse_manifest(envelope: Envelope) -> Manifest:
+    h = _expect(envelope, MANIFEST)
+    rejects = _decode(envelope.payload)
+    if rejects.schema != REJECT_SCHEMA:
+        raise PoisonMessage("bad_manifest", "rejects do not have the expected schema")
+    return _build(Manifest, {**h, "accepted_at": datetime.fromisoformat(h["accepted_at"]), "rejects": rejects})
+
+
+def _expect(envelope: Envelope, kind: str) -> dict[str, Any]:
+    if envelope.kind != kind:
+        raise PoisonMessage("unexpected_kind", f"expected a {kind} message, got {envelope.kind!r}")
+    return envelope.headers
+
+
+def _decode(payload: bytes) -> pa.Table:
+    try:
+        return decode_table(payload)
+    except ValueError as exc:
+        raise PoisonMessage("bad_payload", str(exc)) from exc
+
+
+def _build(cls: type[T], fields: dict[str, Any]) -> T:
+    try:
+        return cls(**fields)
+    except (TypeError, ValueError) as exc:
+        raise PoisonMessage("bad_envelope", f"{cls.__name__}: {exc}") from exc

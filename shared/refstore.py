@@ -1,0 +1,43 @@
+"""Reference data (price books, tax tables) stored once by content hash, fetched and cached."""
+
+from __future__ import annotations
+
+from azure.core.exceptions import ResourceExistsError, ResourceNotFoundError
+
+from .errors import PoisonMessage
+from .storage import Storage, content_hash
+
+PRICEBOOK, TAXES = "pricebook", "taxes"
+
+
+class ReferenceStore:
+    """Content-addressed blobs ``<kind>/<sha256>.csv``; reads are cached for the process's life."""
+
+    def __init__(self, storage: Storage, *, container: str) -> None:
+        self._container = storage.container(container)
+        self._cache: dict[tuple[str, str], bytes] = {}
+
+    async def put(self, kind: str, data: bytes) -> str:
+        """Store ``data`` (once) and return its content hash."""
+        digest = content_hash(data)
+        if (kind, digest) not in self._cache:
+            try:
+                await self._container.upload_blob(f"{kind}/{digest}.csv", data, overwrite=False)
+            except ResourceExistsError:
+                pass
+            self._cache[kind, digest] = data
+        return digest
+
+    async def get(self, kind: str, digest: str) -> bytes:
+        """The content named ``digest``; :class:`PoisonMessage` if it does not exist."""
+        data = self._cache.get((kind, digest))
+        if data is None:
+            try:
+                stream = await self._container.download_blob(f"{kind}/{digest}.csv")
+            except ResourceNotFoundError as exc:
+                raise PoisonMessage("unknown_reference_data", f"no {kind} with hash {digest}") from exc
+            data = await stream.readall()
+            if content_hash(data) != digest:
+                raise PoisonMessage("unknown_reference_data", f"{kind} {digest} does not match its hash")
+            self._cache[kind, digest] = data
+        return data

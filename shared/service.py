@@ -1,0 +1,89 @@
+"""What the three roles share at run time: their listeners, state, and signal-driven shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import resource
+import signal
+from collections.abc import Awaitable, Callable
+
+from .listener import QueueListener
+from .storage import Storage
+
+log = logging.getLogger(__name__)
+
+
+class Service:
+    """A role: some queue listeners over one :class:`Storage`, run until closed."""
+
+    name = "service"
+
+    def __init__(self, *, storage: Storage) -> None:
+        self.storage = storage
+        self.listeners: list[QueueListener] = []
+
+    async def run(self) -> None:
+        """Run every listener; return when all have stopped (burst: drained)."""
+        tasks = {asyncio.create_task(listener.run(), name=listener.name) for listener in self.listeners}
+        try:
+            await asyncio.gather(*tasks)
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await self.aclose()
+
+    def close(self) -> None:
+        """Stop receiving; in-flight batches finish and :meth:`run` returns."""
+        for listener in self.listeners:
+            listener.close()
+
+    async def aclose(self) -> None:
+        """Release what the role holds besides storage (pools, SQL); called when run ends."""
+
+    def state(self) -> dict[str, object]:
+        return {
+            "role": self.name,
+            "pid": os.getpid(),
+            "listeners": [listener.state().to_dict() for listener in self.listeners],
+            "requests": self.storage.counter.snapshot(),
+            "peak_rss_mib": peak_rss_mib(),
+            "peak_child_rss_mib": peak_rss_mib(children=True),
+        }
+
+
+def peak_rss_mib(*, children: bool = False) -> float:
+    """Peak resident memory of this process (or the largest of its finished children), MiB."""
+    who = resource.RUSAGE_CHILDREN if children else resource.RUSAGE_SELF
+    return round(resource.getrusage(who).ru_maxrss / 1024, 1)
+
+
+async def serve(build: Callable[[], Awaitable[Service]]) -> Service:
+    """Build a service and run it until SIGINT/SIGTERM; a second signal exits at once.
+
+    A hard exit leaves nothing half-done: unacknowledged messages reappear after their
+    visibility timeout and an uncommitted SQL transaction is rolled back.
+    """
+    loop = asyncio.get_running_loop()
+    service = await build()
+    signals = 0
+
+    def on_signal(signum: int) -> None:
+        nonlocal signals
+        signals += 1
+        if signals > 1:
+            log.warning("second %s: exiting now", signal.Signals(signum).name)
+            os._exit(128 + signum)
+        log.info("%s: finishing in-flight work, then stopping", signal.Signals(signum).name)
+        service.close()
+
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, on_signal, signum)
+    try:
+        await service.run()
+    finally:
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(signum)
+    return service

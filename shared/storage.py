@@ -1,0 +1,193 @@
+"""Every storage call goes through :class:`Storage`: one set of clients per process, the SDK's
+retry policy, and a request counter that sees each HTTP request the SDK puts on the wire."""
+
+from __future__ import annotations
+
+import hashlib
+from collections import Counter
+from collections.abc import Iterable
+from types import TracebackType
+from typing import Any
+from urllib.parse import urlsplit
+
+from azure.core.exceptions import ResourceExistsError
+from azure.core.pipeline import PipelineRequest
+from azure.core.pipeline.policies import SansIOHTTPPolicy
+from azure.storage.blob.aio import BlobServiceClient, ContainerClient, ExponentialRetry
+from azure.storage.queue.aio import QueueClient, QueueServiceClient
+
+from .errors import ConfigurationError
+from .settings import Settings
+
+
+def classify(service: str, method: str, url: str) -> str:
+    """Name the kind of one storage request, e.g. ``queue.send`` or ``blob.get``."""
+    parts = urlsplit(url)
+    query = parts.query
+    if service == "queue" and ("/messages" in parts.path):
+        if method == "POST":
+            return "queue.send"
+        if method == "GET":
+            return "queue.peek" if "peekonly=true" in query else "queue.receive"
+        if method == "PUT":
+            return "queue.update"
+        return "queue.delete" if "popreceipt=" in query else "queue.clear"
+    if "comp=metadata" in query or method == "HEAD" or "comp=properties" in query:
+        return f"{service}.metadata"
+    if "comp=list" in query:
+        return f"{service}.list"
+    if service == "queue" or "restype=container" in query:
+        return f"{service}.admin"
+    return {"GET": "blob.get", "PUT": "blob.put", "DELETE": "blob.delete"}.get(method, "blob.other")
+
+
+class RequestCounter:
+    """Counts of storage requests by kind, shared by all clients of one process."""
+
+    def __init__(self) -> None:
+        self.counts: Counter[str] = Counter()
+
+    def policy(self, service: str) -> SansIOHTTPPolicy:  # type: ignore[type-arg]
+        """A pipeline policy for one service's clients; it runs once per attempt (after retry)."""
+        return _CountingPolicy(self.counts, service)
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+    def snapshot(self) -> dict[str, int]:
+        """The counts so far, by kind, with a ``total``."""
+        return {**dict(sorted(self.counts.items())), "total": self.total}
+
+
+class _CountingPolicy(SansIOHTTPPolicy):  # type: ignore[type-arg]
+    def __init__(self, counts: Counter[str], service: str) -> None:
+        self._counts = counts
+        self._service = service
+
+    def on_request(self, request: PipelineRequest) -> None:  # type: ignore[type-arg]
+        http = request.http_request
+        self._counts[classify(self._service, http.method, http.url)] += 1
+
+
+class Storage:
+    """The process's storage account: queue and blob clients, retries, request counting.
+
+    Use as ``async with Storage(settings) as storage``; clients are created once and closed
+    on exit. With ``storage_connection_string`` the account is used as it is; with
+    ``storage_account_url`` the credential is ``DefaultAzureCredential``.
+    """
+
+    def __init__(self, settings: Settings, *, counter: RequestCounter | None = None) -> None:
+        self.settings = settings
+        self.counter = counter or RequestCounter()
+        self._credential: Any = None
+        self._queues: dict[str, QueueClient] = {}
+        self._containers: dict[str, ContainerClient] = {}
+        options = self._client_options()
+        conn = settings.storage_connection_string
+        if conn is not None:
+            secret = conn.get_secret_value()
+            self.queue_service = QueueServiceClient.from_connection_string(
+                secret, **options, _additional_pipeline_policies=[self.counter.policy("queue")]
+            )
+            self.blob_service = BlobServiceClient.from_connection_string(
+                secret, **options, _additional_pipeline_policies=[self.counter.policy("blob")]
+            )
+        elif settings.storage_account_url:
+            from azure.identity.aio import DefaultAzureCredential
+
+            self._credential = DefaultAzureCredential()
+            blob_url, queue_url = _service_urls(settings.storage_account_url)
+            self.queue_service = QueueServiceClient(
+                queue_url, credential=self._credential, **options,
+                _additional_pipeline_policies=[self.counter.policy("queue")],
+            )
+            self.blob_service = BlobServiceClient(
+                blob_url, credential=self._credential, **options,
+                _additional_pipeline_policies=[self.counter.policy("blob")],
+            )
+        else:
+            raise ConfigurationError(
+                "no storage account: set BILLING_STORAGE_CONNECTION_STRING or "
+                "BILLING_STORAGE_ACCOUNT_URL (or run `billing up` for the local stack)"
+            )
+
+    def _client_options(self) -> dict[str, Any]:
+        s = self.settings
+        return {
+            "retry_policy": ExponentialRetry(
+                initial_backoff=s.retry_backoff,
+                increment_base=2,
+                retry_total=s.retry_total,
+                random_jitter_range=max(1, int(s.retry_backoff * 2)),
+            ),
+            "connection_timeout": min(10.0, s.request_timeout),
+            "read_timeout": s.request_timeout,
+        }
+
+    def queue(self, name: str) -> QueueClient:
+        """The (cached) client of one queue."""
+        client = self._queues.get(name)
+        if client is None:
+            client = self._queues[name] = self.queue_service.get_queue_client(name)
+        return client
+
+    def container(self, name: str) -> ContainerClient:
+        """The (cached) client of one blob container."""
+        client = self._containers.get(name)
+        if client is None:
+            client = self._containers[name] = self.blob_service.get_container_client(name)
+        return client
+
+    async def ensure(self, *, queues: Iterable[str] = (), containers: Iterable[str] = ()) -> None:
+        """Create queues and containers that do not exist yet."""
+        for name in queues:
+            try:
+                await self.queue(name).create_queue()
+            except ResourceExistsError:
+                pass
+        for name in containers:
+            try:
+                await self.container(name).create_container()
+            except ResourceExistsError:
+                pass
+
+    async def ensure_all(self) -> None:
+        """Create every queue and container the pipeline uses."""
+        s = self.settings
+        await self.ensure(
+            queues=[*s.all_queues, *(f"{q}-poison" for q in s.all_queues)],
+            containers=s.all_containers,
+        )
+
+    async def close(self) -> None:
+        for client in [*self._queues.values(), *self._containers.values()]:
+            await client.close()
+        await self.queue_service.close()
+        await self.blob_service.close()
+        if self._credential is not None:
+            await self._credential.close()
+
+    async def __aenter__(self) -> Storage:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+
+def _service_urls(account_url: str) -> tuple[str, str]:
+    """Blob and queue endpoints from either one (``https://acct.blob.core.windows.net``)."""
+    url = account_url.rstrip("/")
+    if ".queue." in url:
+        return url.replace(".queue.", ".blob."), url
+    if ".blob." in url:
+        return url, url.replace(".blob.", ".queue.")
+    raise ConfigurationError(f"BILLING_STORAGE_ACCOUNT_URL must name a blob or queue endpoint: {url}")
+
+
+def content_hash(data: bytes) -> str:
+    """Hex SHA-256 of some bytes: the name of content-addressed blobs and checksums."""
+    return hashlib.sha256(data).hexdigest()
