@@ -1,0 +1,5 @@
+"""``python -m billing``: the ``billing`` command line."""
+
+from .cli import main
+
+main()

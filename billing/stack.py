@@ -1,0 +1,308 @@
+"""The local stack: Azurite (the ``azurite`` npm package) for ``billing up``/``down``, the demo and
+the tests, and a throw-away PostgreSQL cluster for the tests."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import pwd
+import re
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from shared.errors import BillingError
+
+ROOT = Path(__file__).resolve().parent.parent
+AZURITE_BIN = ROOT / "node_modules" / ".bin" / "azurite"
+ACCOUNT = "devstoreaccount1"
+# Azurite's well-known development key (public; the same in every Azurite install).
+ACCOUNT_KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
+
+
+class StackError(BillingError):
+    """The local stack cannot be started or stopped."""
+
+
+class PostgresNotInstalled(StackError):
+    """No ``initdb``/``pg_ctl`` on this machine."""
+
+
+def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
+    """``count`` distinct ports that are free on ``host`` right now."""
+    with contextlib.ExitStack() as stack:
+        sockets = [stack.enter_context(socket.socket()) for _ in range(count)]
+        for sock in sockets:
+            sock.bind((host, 0))
+        return [sock.getsockname()[1] for sock in sockets]
+
+
+def port_open(host: str, port: int) -> bool:
+    """Whether something accepts TCP connections on ``host:port``."""
+    try:
+        with socket.create_connection((host, port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether ``pid`` is a live process (a zombie counts as dead)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    with contextlib.suppress(OSError):
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return stat[stat.rindex(")") + 2] != "Z"
+    return True
+
+
+def is_azurite(pid: int) -> bool:
+    """Whether ``pid`` is a live Azurite process (guards against a reused pid in a stale state file)."""
+    if not pid_alive(pid):
+        return False
+    try:
+        return b"azurite" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return True
+
+
+def connection_string(host: str, blob_port: int, queue_port: int) -> str:
+    """The Azurite connection string for the given endpoints."""
+    return (
+        f"DefaultEndpointsProtocol=http;AccountName={ACCOUNT};AccountKey={ACCOUNT_KEY};"
+        f"BlobEndpoint=http://{host}:{blob_port}/{ACCOUNT};QueueEndpoint=http://{host}:{queue_port}/{ACCOUNT};"
+    )
+
+
+class AzuriteStack:
+    """One Azurite process (blob, queue and table) whose state lives in ``home/azurite.json``.
+
+    The process runs in its own session, so it outlives the command that started it; any
+    ``AzuriteStack`` with the same ``home`` finds and reuses or stops it.
+    """
+
+    def __init__(
+        self,
+        *,
+        home: Path,
+        host: str = "127.0.0.1",
+        blob_port: int | None = None,
+        queue_port: int | None = None,
+        persist: bool = True,
+        timeout: float = 60.0,
+    ) -> None:
+        self.home = Path(home)
+        self.host = host
+        self.blob_port = blob_port
+        self.queue_port = queue_port
+        self.persist = persist
+        self.timeout = timeout
+        self.state_file = self.home / "azurite.json"
+        self.log_file = self.home / "azurite.log"
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> str:
+        """Start Azurite unless it already runs; return its connection string."""
+        with self._locked():
+            state = self._live_state()
+            if state is not None:
+                return str(state["connection_string"])
+            self._stop_locked()
+            if not AZURITE_BIN.exists():
+                raise StackError(f"Azurite is not installed ({AZURITE_BIN} is missing): run `npm ci` in {ROOT}")
+            blob, queue, table = self._ports()
+            args = [
+                str(AZURITE_BIN),
+                "--blobHost", self.host, "--blobPort", str(blob),
+                "--queueHost", self.host, "--queuePort", str(queue),
+                "--tableHost", self.host, "--tablePort", str(table),
+                "--skipApiVersionCheck", "--loose", "--silent", "--disableTelemetry",
+            ]  # fmt: skip
+            if self.persist:
+                data = self.home / "azurite"
+                data.mkdir(parents=True, exist_ok=True)
+                args += ["--location", str(data)]
+            else:
+                args.append("--inMemoryPersistence")
+            with self.log_file.open("ab") as log:
+                log_offset = log.tell()
+                self._proc = subprocess.Popen(
+                    args, cwd=ROOT, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+                )
+            connection = connection_string(self.host, blob, queue)
+            self._write_state({"pid": self._proc.pid, "host": self.host, "blob_port": blob, "queue_port": queue,
+                               "table_port": table, "connection_string": connection})  # fmt: skip
+            self._wait_ready(self._proc.pid, (blob, queue), log_offset)
+            return connection
+
+    def stop(self) -> None:
+        """Stop Azurite (SIGTERM to its process group, SIGKILL after 10 s) and forget it; idempotent."""
+        with self._locked():
+            self._stop_locked()
+
+    def running(self) -> bool:
+        """Whether the process named by the state file is alive with both ports open."""
+        return self._live_state() is not None
+
+    def connection_string(self) -> str | None:
+        """The running stack's connection string, or ``None``."""
+        state = self._live_state()
+        return None if state is None else str(state["connection_string"])
+
+    def _ports(self) -> tuple[int, int, int]:
+        wanted = [self.blob_port, self.queue_port]
+        spare = iter(p for p in free_ports(3, self.host) if p not in wanted)
+        blob, queue = (port if port is not None else next(spare) for port in wanted)
+        return blob, queue, next(spare)
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        """Serialise start/stop between processes sharing ``home``."""
+        self.home.mkdir(parents=True, exist_ok=True)
+        with (self.home / "azurite.lock").open("w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            yield
+
+    def _read_state(self) -> dict[str, object] | None:
+        try:
+            return dict(json.loads(self.state_file.read_text()))
+        except (OSError, ValueError):
+            return None
+
+    def _write_state(self, state: dict[str, object]) -> None:
+        tmp = self.state_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(state, indent=2))
+        tmp.replace(self.state_file)
+
+    def _live_state(self) -> dict[str, object] | None:
+        state = self._read_state()
+        if state is None or not is_azurite(int(str(state["pid"]))):
+            return None
+        host = str(state["host"])
+        if all(port_open(host, int(str(state[key]))) for key in ("blob_port", "queue_port")):
+            return state
+        return None
+
+    def _wait_ready(self, pid: int, ports: tuple[int, ...], log_offset: int) -> None:
+        """Wait until Azurite says it listens on ``ports`` and they accept connections (a port that
+        accepts alone may belong to another process that Azurite is about to collide with)."""
+        deadline = time.monotonic() + self.timeout
+        while not self._listening(ports, log_offset):
+            if not pid_alive(pid):
+                self._stop_locked()
+                lines = self.log_file.read_text(errors="replace").strip().splitlines() or [""]
+                raise StackError(f"Azurite exited during start-up ({lines[-1]}); see {self.log_file}")
+            if time.monotonic() > deadline:
+                self._stop_locked()
+                raise StackError(f"Azurite did not open ports {ports} within {self.timeout:.0f} s; see {self.log_file}")
+            time.sleep(0.1)
+
+    def _listening(self, ports: tuple[int, ...], log_offset: int) -> bool:
+        with self.log_file.open("rb") as log:
+            log.seek(log_offset)
+            text = log.read().decode(errors="replace")
+        said = all(f"successfully listening at http://{self.host}:{port}" in text for port in ports)
+        return said and all(port_open(self.host, port) for port in ports)
+
+    def _stop_locked(self) -> None:
+        state = self._read_state()
+        if state is not None:
+            pid = int(str(state["pid"]))
+            if is_azurite(pid):
+                self._terminate(pid)
+            self.state_file.unlink(missing_ok=True)
+        if self._proc is not None:
+            self._proc.wait()
+            self._proc = None
+
+    def _terminate(self, pid: int) -> None:
+        for sig, grace in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, sig)
+            deadline = time.monotonic() + grace
+            while pid_alive(pid) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            if not pid_alive(pid):
+                return
+        raise StackError(f"Azurite (pid {pid}) did not stop")
+
+
+def postgres_bin_dir() -> Path | None:
+    """The directory of ``initdb`` and ``pg_ctl``: the newest ``/usr/lib/postgresql/*/bin``, else ``PATH``."""
+    versions = [p.parent for p in Path("/usr/lib/postgresql").glob("*/bin/initdb") if p.with_name("pg_ctl").exists()]
+    if versions:
+        return max(versions, key=lambda p: [int(n) for n in re.findall(r"\d+", p.parent.name)] or [0])
+    initdb = shutil.which("initdb")
+    return Path(initdb).resolve().parent if initdb and shutil.which("pg_ctl") else None
+
+
+class PostgresServer:
+    """A PostgreSQL cluster in ``data_dir`` for tests: trust auth, TCP on 127.0.0.1 only, fsync off.
+
+    As root the cluster is owned by and run as the ``postgres`` user, so every parent of
+    ``data_dir`` must be traversable by that user (``/tmp/<mkdtemp>`` is; pytest's ``tmp_path`` is not).
+    """
+
+    def __init__(self, *, data_dir: Path, port: int | None = None) -> None:
+        self.data_dir = Path(data_dir)
+        self.port = port
+        self.socket_dir = self.data_dir / "sockets"
+        self.log_file = self.data_dir / "postgres.log"
+        self._bin: Path | None = None
+
+    def start(self) -> str:
+        """Create the cluster if needed, start it and return its SQLAlchemy URL."""
+        if self.port is None:
+            self.port = free_ports(1)[0]
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        if not (self.data_dir / "PG_VERSION").exists():
+            self._chown()
+            self._run("initdb", "-D", str(self.data_dir), "-U", "postgres", "--auth=trust", "--encoding=UTF8",
+                      "--locale=C", "--no-sync")  # fmt: skip
+        self.socket_dir.mkdir(exist_ok=True)
+        self._chown()
+        options = f"-c listen_addresses=127.0.0.1 -p {self.port} -k {self.socket_dir} -c fsync=off"
+        try:
+            self._run("pg_ctl", "-D", str(self.data_dir), "-l", str(self.log_file), "-w", "-t", "60", "-o", options, "start")
+        except StackError as exc:
+            log = self.log_file.read_text(errors="replace")[-2000:] if self.log_file.exists() else ""
+            raise StackError(f"{exc}\n{self.log_file}:\n{log}") from exc
+        return f"postgresql+psycopg://postgres@127.0.0.1:{self.port}/postgres"
+
+    def stop(self) -> None:
+        """Stop the server (fast shutdown); idempotent."""
+        if (self.data_dir / "postmaster.pid").exists():
+            self._run("pg_ctl", "-D", str(self.data_dir), "-m", "fast", "-w", "stop")
+
+    def _chown(self) -> None:
+        if os.geteuid() != 0:
+            return
+        try:
+            user = pwd.getpwnam("postgres")
+        except KeyError as exc:
+            raise StackError("running as root needs a `postgres` user: run `bash deploy/install-postgres.sh`") from exc
+        for path in [self.data_dir, *self.data_dir.rglob("*")]:
+            os.chown(path, user.pw_uid, user.pw_gid, follow_symlinks=False)
+
+    def _run(self, tool: str, *args: str) -> None:
+        if self._bin is None:
+            self._bin = postgres_bin_dir()
+            if self._bin is None:
+                raise PostgresNotInstalled("PostgreSQL is not installed (no initdb/pg_ctl): run `bash deploy/install-postgres.sh`")
+        command = [str(self._bin / tool), *args]
+        if os.geteuid() == 0:
+            command = ["runuser", "-u", "postgres", "--", *command] if shutil.which("runuser") else ["su", "postgres", "-c", shlex.join(command)]
+        done = subprocess.run(command, cwd=self.data_dir, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+        if done.returncode != 0:
+            raise StackError(f"{tool} failed ({done.returncode}): {(done.stderr or done.stdout).strip()}")

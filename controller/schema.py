@@ -1,0 +1,147 @@
+"""The controller's SQL tables (SQLAlchemy Core) and the exact column types they use.
+
+Money is stored in minor units as ``NUMERIC(38, 0)``, quantity as ``NUMERIC(38, 6)``: exact, and far
+beyond 64-bit integers. SQLite has no exact wide numeric type (its NUMERIC affinity turns big values into
+REAL), so there both are kept as canonical decimal text; all arithmetic happens in Python anyway.
+"""
+
+from __future__ import annotations
+
+import decimal
+from datetime import UTC, datetime
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Dialect
+from sqlalchemy.types import TypeEngine
+
+#: Exact arithmetic: any rounding raises instead of silently losing digits.
+EXACT = decimal.Context(prec=1000, traps=[decimal.Inexact, decimal.Rounded, decimal.InvalidOperation])
+
+MONEY_PRECISION = 38
+QUANTITY_SCALE = 6
+
+
+class ExactDecimal(sa.types.TypeDecorator[decimal.Decimal]):
+    """``NUMERIC(precision, scale)`` on PostgreSQL, canonical decimal TEXT elsewhere; Python ``Decimal``.
+
+    Binding a value with more fractional digits than ``scale`` raises instead of rounding.
+    """
+
+    impl = sa.Numeric
+    cache_ok = True
+
+    def __init__(self, precision: int, scale: int) -> None:
+        super().__init__()
+        self.precision = precision
+        self.scale = scale
+        self._quantum = decimal.Decimal(1).scaleb(-scale)
+
+    def load_dialect_impl(self, dialect: Dialect) -> TypeEngine[Any]:
+        if dialect.name == "postgresql":
+            return dialect.type_descriptor(sa.Numeric(self.precision, self.scale, asdecimal=True))
+        return dialect.type_descriptor(sa.Text())
+
+    def process_bind_param(self, value: Any, dialect: Dialect) -> Any:
+        if value is None:
+            return None
+        exact = decimal.Decimal(value).quantize(self._quantum, context=EXACT)
+        if exact.adjusted() >= self.precision - self.scale:
+            raise ValueError(f"{value} does not fit NUMERIC({self.precision}, {self.scale})")
+        return exact if dialect.name == "postgresql" else format(exact, "f")
+
+    def process_result_value(self, value: Any, dialect: Dialect) -> decimal.Decimal | None:
+        return None if value is None else decimal.Decimal(value)
+
+
+class UTCDateTime(sa.types.TypeDecorator[datetime]):
+    """A timezone-aware UTC timestamp: ``TIMESTAMP WITH TIME ZONE`` on PostgreSQL, naive UTC on SQLite."""
+
+    impl = sa.DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError(f"naive datetime {value!r}: timestamps must be timezone-aware")
+        value = value.astimezone(UTC)
+        return value if dialect.name == "postgresql" else value.replace(tzinfo=None)
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+def money_type() -> ExactDecimal:
+    """Minor units of a currency, exact."""
+    return ExactDecimal(MONEY_PRECISION, 0)
+
+
+def quantity_type() -> ExactDecimal:
+    """A quantity with up to six fractional digits, exact."""
+    return ExactDecimal(MONEY_PRECISION, QUANTITY_SCALE)
+
+
+metadata = sa.MetaData()
+
+#: One row per batch. ``work_items`` stays NULL until the manifest arrives (results may come first).
+batches = sa.Table(
+    "batches",
+    metadata,
+    sa.Column("batch_id", sa.String(255), primary_key=True),
+    sa.Column("source", sa.Text, nullable=False),
+    sa.Column("state", sa.String(32), nullable=False),
+    sa.Column("rows", sa.BigInteger, nullable=False),
+    sa.Column("accepted", sa.BigInteger, nullable=False),
+    sa.Column("rejected", sa.BigInteger, nullable=False),
+    sa.Column("work_items", sa.BigInteger, nullable=True),
+    sa.Column("completed_items", sa.BigInteger, nullable=False),
+    sa.Column("poisoned_items", sa.BigInteger, nullable=False),
+    sa.Column("transactions_recorded", sa.BigInteger, nullable=False),
+    sa.Column("pricebook_hash", sa.String(128), nullable=True),
+    sa.Column("taxes_hash", sa.String(128), nullable=True),
+    sa.Column("refused_reason", sa.Text, nullable=True),
+    sa.Column("accepted_at", UTCDateTime(), nullable=True),
+    sa.Column("completed_at", UTCDateTime(), nullable=True),
+    sa.Column("latency_seconds", sa.Float, nullable=True),
+    sa.Column("updated_at", UTCDateTime(), nullable=False),
+)
+
+#: Every work item ever recorded (the idempotency key); ``poison_reason`` set when it was poisoned instead.
+work_items = sa.Table(
+    "work_items",
+    metadata,
+    sa.Column("work_item_id", sa.String(255), primary_key=True),
+    sa.Column("batch_id", sa.String(255), nullable=False, index=True),
+    sa.Column("transactions", sa.BigInteger, nullable=False),
+    sa.Column("recorded_at", UTCDateTime(), nullable=False),
+    sa.Column("poison_reason", sa.Text, nullable=True),
+)
+
+#: Exact aggregates per (batch, account, product, UTC billing day).
+aggregates = sa.Table(
+    "aggregates",
+    metadata,
+    sa.Column("batch_id", sa.String(255), primary_key=True),
+    sa.Column("account_id", sa.String(64), primary_key=True),
+    sa.Column("product", sa.String(255), primary_key=True),
+    sa.Column("billing_day", sa.Date, primary_key=True),
+    sa.Column("currency", sa.String(3), nullable=False),
+    sa.Column("transactions", sa.BigInteger, nullable=False),
+    sa.Column("quantity", quantity_type(), nullable=False),
+    sa.Column("net", money_type(), nullable=False),
+    sa.Column("tax", money_type(), nullable=False),
+    sa.Column("total", money_type(), nullable=False),
+)
+
+#: Rejected rows of a batch (1-based data row number).
+rejects = sa.Table(
+    "rejects",
+    metadata,
+    sa.Column("batch_id", sa.String(255), primary_key=True),
+    sa.Column("row", sa.BigInteger, primary_key=True, autoincrement=False),
+    sa.Column("reason", sa.String(64), nullable=False),
+    sa.Column("raw", sa.Text, nullable=False),
+)

@@ -1,0 +1,383 @@
+"""The SQL store: records manifests and partial aggregates idempotently, and tracks batch progress.
+
+Batch states: ``processing`` until every work item is accounted for; then ``complete`` (all recorded) or
+``failed`` (at least one work item was poisoned and will never be recorded); ``refused`` when the
+initiator refused the file. Final states never change again. A batch whose work items are all in has
+``completed_at`` and ``latency_seconds`` (``completed_at - accepted_at``) set.
+
+Concurrency: every write locks the affected batch rows first (``SELECT ... FOR UPDATE`` in batch id
+order on PostgreSQL; ``BEGIN IMMEDIATE`` on SQLite, which serialises writers), so read-modify-write of
+aggregates and counters never loses an update; the ``work_items`` primary key makes double counting
+impossible even if that were bypassed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import UTC, date, datetime
+from decimal import localcontext
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Self, TypeVar
+
+import sqlalchemy as sa
+from alembic import command
+from alembic.config import Config
+from sqlalchemy.dialects import postgresql, sqlite
+
+from shared.errors import ConfigurationError, InfrastructureError
+from shared.messages import Manifest, WorkItemResult
+
+from .schema import EXACT, aggregates, batches, rejects, work_items
+
+MIGRATIONS = Path(__file__).with_name("migrations")
+FINAL_STATES = frozenset({"complete", "failed", "refused"})
+
+_MIGRATION_LOCK = 0x62696C6C  # PostgreSQL advisory lock key ("bill")
+_IMMEDIATE = "billing_sqlite_immediate"
+_CHUNK = 1000
+_AGGREGATE_KEY = ("batch_id", "account_id", "product", "billing_day")
+_AGGREGATE_VALUES = ("currency", "transactions", "quantity", "net", "tax", "total")
+
+
+@dataclass(frozen=True)
+class BatchStatus:
+    """One batch's progress as stored."""
+
+    batch_id: str
+    source: str
+    state: str
+    rows: int
+    accepted: int
+    rejected: int
+    work_items: int | None
+    completed_items: int
+    poisoned_items: int
+    transactions_recorded: int
+    pricebook_hash: str | None
+    taxes_hash: str | None
+    refused_reason: str | None
+    accepted_at: datetime | None
+    completed_at: datetime | None
+    latency_seconds: float | None
+    updated_at: datetime
+
+    def to_json_dict(self) -> dict[str, Any]:
+        """JSON-safe values: ISO 8601 datetimes, latency as a float."""
+        return {
+            key: value.isoformat() if isinstance(value, datetime) else value
+            for key, value in dataclasses.asdict(self).items()
+        }
+
+
+@dataclass(frozen=True)
+class ApplyOutcome:
+    """What one ``Store.apply`` call recorded."""
+
+    new_items: int
+    duplicate_items: int
+    completed_batches: list[str] = field(default_factory=list)
+
+
+class Store:
+    """The controller's SQL store (SQLite or PostgreSQL); migrates itself to the latest schema on open."""
+
+    def __init__(self, url: str, *, migrate: bool = True) -> None:
+        self.url = _normalise_url(url)
+        self._engine = _create_engine(self.url)
+        if migrate:
+            self.migrate()
+
+    @property
+    def engine(self) -> sa.Engine:
+        """The SQLAlchemy engine (for reports)."""
+        return self._engine
+
+    @property
+    def dialect(self) -> str:
+        """``sqlite`` or ``postgresql``."""
+        return self._engine.dialect.name
+
+    def migrate(self) -> None:
+        """Upgrade the schema to Alembic ``head``; a no-op when current, safe when run by several processes."""
+        config = Config()
+        config.set_main_option("script_location", str(MIGRATIONS))
+        config.set_main_option("sqlalchemy.url", self.url.render_as_string(hide_password=False).replace("%", "%%"))
+        with self._write() as conn:
+            if self.dialect == "postgresql":
+                conn.execute(sa.select(sa.func.pg_advisory_xact_lock(_MIGRATION_LOCK)))
+            config.attributes["connection"] = conn
+            command.upgrade(config, "head")
+
+    def close(self) -> None:
+        """Release every pooled connection."""
+        self._engine.dispose()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        self.close()
+
+    # -- writes ---------------------------------------------------------------------------------------
+
+    def apply(self, manifests: Sequence[Manifest], results: Sequence[WorkItemResult]) -> ApplyOutcome:
+        """Record manifests and work item results in ONE transaction, idempotently.
+
+        A work item already recorded is skipped entirely; a manifest already recorded changes nothing.
+        Results may precede their manifest: the batch then waits in ``processing`` with unknown size.
+        """
+        first_manifests: dict[str, Manifest] = {}
+        for manifest in manifests:
+            first_manifests.setdefault(manifest.batch_id, manifest)
+        first_results: dict[str, WorkItemResult] = {}
+        for result in results:
+            first_results.setdefault(result.work_item_id, result)
+        batch_ids = sorted(set(first_manifests) | {r.batch_id for r in first_results.values()})
+        if not batch_ids:
+            return ApplyOutcome(new_items=0, duplicate_items=0)
+
+        now = datetime.now(UTC)
+        with self._write() as conn:
+            rows = self._lock_batches(conn, batch_ids, now)
+            before = {batch_id: dict(row) for batch_id, row in rows.items()}
+            for manifest in first_manifests.values():
+                if rows[manifest.batch_id]["work_items"] is None:
+                    _fill_from_manifest(rows[manifest.batch_id], manifest)
+                    _insert_rejects(conn, manifest)
+
+            recorded = _recorded_work_items(conn, list(first_results))
+            new = [r for r in first_results.values() if r.work_item_id not in recorded]
+            for chunk in _chunks(new, _CHUNK):
+                conn.execute(
+                    sa.insert(work_items),
+                    [
+                        {"work_item_id": r.work_item_id, "batch_id": r.batch_id, "transactions": r.transactions, "recorded_at": now}
+                        for r in chunk
+                    ],
+                )
+            for result in new:
+                rows[result.batch_id]["completed_items"] += 1
+                rows[result.batch_id]["transactions_recorded"] += result.transactions
+            _merge_aggregates(conn, new)
+
+            completed = []
+            for batch_id, row in rows.items():
+                _settle(row, now)
+                if row != before[batch_id]:
+                    _update_batch(conn, row, now)
+                    if row["state"] == "complete" and before[batch_id]["state"] != "complete":
+                        completed.append(batch_id)
+        return ApplyOutcome(new_items=len(new), duplicate_items=len(results) - len(new), completed_batches=completed)
+
+    def mark_poisoned(self, batch_id: str, work_item_id: str, reason: str) -> bool:
+        """Count a work item that can never be processed; returns False if it was already recorded.
+
+        Once every other work item is in, a batch with poisoned items becomes ``failed``.
+        """
+        now = datetime.now(UTC)
+        with self._write() as conn:
+            row = self._lock_batches(conn, [batch_id], now)[batch_id]
+            if _recorded_work_items(conn, [work_item_id]):
+                return False
+            conn.execute(
+                sa.insert(work_items).values(
+                    work_item_id=work_item_id, batch_id=batch_id, transactions=0, recorded_at=now, poison_reason=reason
+                )
+            )
+            row["poisoned_items"] += 1
+            _settle(row, now)
+            _update_batch(conn, row, now)
+        return True
+
+    # -- reads ----------------------------------------------------------------------------------------
+
+    def batch(self, batch_id: str) -> BatchStatus | None:
+        """One batch's status, or None if nothing is known about it yet."""
+        with self._engine.connect() as conn:
+            row = conn.execute(sa.select(batches).where(batches.c.batch_id == batch_id)).mappings().first()
+        return None if row is None else _status(row)
+
+    def batches(self) -> list[BatchStatus]:
+        """Every batch, oldest accepted first (batches still waiting for their manifest last)."""
+        with self._engine.connect() as conn:
+            found = [_status(row) for row in conn.execute(sa.select(batches)).mappings()]
+        return sorted(found, key=lambda s: (s.accepted_at is None, s.accepted_at or s.updated_at, s.batch_id))
+
+    # -- internals ------------------------------------------------------------------------------------
+
+    @contextmanager
+    def _write(self) -> Iterator[sa.Connection]:
+        """A write transaction (``BEGIN IMMEDIATE`` on SQLite); connection failures become InfrastructureError."""
+        try:
+            with self._engine.connect() as conn:
+                conn.execution_options(**{_IMMEDIATE: True})
+                with conn.begin():
+                    yield conn
+        except sa.exc.OperationalError as exc:
+            raise InfrastructureError(f"SQL store unavailable: {exc}") from exc
+
+    def _lock_batches(self, conn: sa.Connection, batch_ids: list[str], now: datetime) -> dict[str, dict[str, Any]]:
+        """Create missing batch rows (state ``processing``), then lock all of them in id order."""
+        insert = _dialect_insert(conn)(batches).values(
+            [
+                {
+                    "batch_id": batch_id, "source": "", "state": "processing", "rows": 0, "accepted": 0, "rejected": 0,
+                    "work_items": None, "completed_items": 0, "poisoned_items": 0, "transactions_recorded": 0,
+                    "updated_at": now,
+                }  # fmt: skip
+                for batch_id in batch_ids
+            ]
+        )
+        conn.execute(insert.on_conflict_do_nothing(index_elements=["batch_id"]))
+        query = sa.select(batches).where(batches.c.batch_id.in_(batch_ids)).order_by(batches.c.batch_id).with_for_update()
+        return {row["batch_id"]: dict(row) for row in conn.execute(query).mappings()}
+
+
+def _normalise_url(url: str) -> sa.URL:
+    """Parse the URL; plain ``postgresql://`` means psycopg 3 (the driver this project installs)."""
+    try:
+        parsed = sa.make_url(url)
+    except sa.exc.ArgumentError as exc:
+        raise ConfigurationError(f"invalid SQL URL: {exc}") from exc
+    if parsed.drivername in ("postgresql", "postgres"):
+        parsed = parsed.set(drivername="postgresql+psycopg")
+    if parsed.get_backend_name() not in ("sqlite", "postgresql"):
+        raise ConfigurationError(f"unsupported SQL backend {parsed.get_backend_name()!r} (sqlite or postgresql)")
+    return parsed
+
+
+def _create_engine(url: sa.URL) -> sa.Engine:
+    """PostgreSQL with pre-ping; SQLite in WAL mode, 30 s busy timeout, transactions begun explicitly."""
+    if url.get_backend_name() == "postgresql":
+        return sa.create_engine(url, pool_pre_ping=True)
+    if url.database and url.database != ":memory:" and not url.database.startswith("file:"):
+        Path(url.database).parent.mkdir(parents=True, exist_ok=True)
+    engine = sa.create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
+
+    @sa.event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+        dbapi_connection.isolation_level = None  # pysqlite must not BEGIN on its own; see _on_begin
+        cursor = dbapi_connection.cursor()
+        cursor.execute("PRAGMA busy_timeout = 30000")
+        cursor.execute("PRAGMA journal_mode = WAL")
+        cursor.close()
+
+    @sa.event.listens_for(engine, "begin")
+    def _on_begin(conn: sa.Connection) -> None:
+        conn.exec_driver_sql("BEGIN IMMEDIATE" if conn.get_execution_options().get(_IMMEDIATE) else "BEGIN")
+
+    return engine
+
+
+def _dialect_insert(conn: sa.Connection) -> Any:
+    return postgresql.insert if conn.dialect.name == "postgresql" else sqlite.insert
+
+
+T = TypeVar("T")
+
+
+def _chunks(items: Sequence[T], size: int) -> Iterator[Sequence[T]]:
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
+
+
+def _recorded_work_items(conn: sa.Connection, ids: list[str]) -> set[str]:
+    found: set[str] = set()
+    for chunk in _chunks(ids, _CHUNK):
+        found.update(conn.scalars(sa.select(work_items.c.work_item_id).where(work_items.c.work_item_id.in_(chunk))))
+    return found
+
+
+def _fill_from_manifest(row: dict[str, Any], manifest: Manifest) -> None:
+    row.update(
+        source=manifest.source,
+        rows=manifest.rows,
+        accepted=manifest.accepted,
+        rejected=manifest.rejected,
+        work_items=manifest.work_items,
+        pricebook_hash=manifest.pricebook_hash,
+        taxes_hash=manifest.taxes_hash,
+        refused_reason=manifest.refused,
+        accepted_at=manifest.accepted_at,
+    )
+
+
+def _insert_rejects(conn: sa.Connection, manifest: Manifest) -> None:
+    columns = manifest.rejects.to_pydict()
+    records = [
+        {"batch_id": manifest.batch_id, "row": row, "reason": reason, "raw": raw}
+        for row, reason, raw in zip(columns["row"], columns["reason"], columns["raw"], strict=True)
+    ]
+    for chunk in _chunks(records, 5000):
+        conn.execute(sa.insert(rejects), chunk)
+
+
+def _merge_aggregates(conn: sa.Connection, results: Iterable[WorkItemResult]) -> None:
+    """Add the results' partials into ``aggregates`` exactly (ints for money, exact Decimal for quantity)."""
+    sums: dict[tuple[str, str, str, date], list[Any]] = {}
+    with localcontext(EXACT):
+        for result in results:
+            p = result.partials.to_pydict()
+            for account, product, day, currency, count, quantity, net, tax, total in zip(
+                p["account_id"], p["product"], p["billing_day"], p["currency"], p["transactions"],
+                p["quantity"], p["net"], p["tax"], p["total"], strict=True,
+            ):  # fmt: skip
+                key = (result.batch_id, account, product, date.fromisoformat(day))
+                _add(sums, key, [currency, count, quantity, int(net), int(tax), int(total)])
+        if not sums:
+            return
+        by_batch: dict[str, set[str]] = {}
+        for batch_id, account, _product, _day in sums:
+            by_batch.setdefault(batch_id, set()).add(account)
+        for batch_id, accounts in by_batch.items():
+            for chunk in _chunks(sorted(accounts), _CHUNK):
+                query = sa.select(aggregates).where(aggregates.c.batch_id == batch_id, aggregates.c.account_id.in_(chunk))
+                for row in conn.execute(query).mappings():
+                    key = (row["batch_id"], row["account_id"], row["product"], row["billing_day"])
+                    if key in sums:
+                        _add(sums, key, [row["currency"], row["transactions"], row["quantity"], int(row["net"]), int(row["tax"]), int(row["total"])])
+    records = [dict(zip(_AGGREGATE_KEY + _AGGREGATE_VALUES, (*key, *values), strict=True)) for key, values in sums.items()]
+    insert = _dialect_insert(conn)(aggregates)
+    upsert = insert.on_conflict_do_update(
+        index_elements=list(_AGGREGATE_KEY), set_={c: insert.excluded[c] for c in _AGGREGATE_VALUES}
+    )
+    for chunk in _chunks(records, _CHUNK):
+        conn.execute(upsert, chunk)
+
+
+def _add(sums: dict[tuple[str, str, str, date], list[Any]], key: tuple[str, str, str, date], values: list[Any]) -> None:
+    """Add ``[currency, transactions, quantity, net, tax, total]`` into ``sums[key]`` (exact context active)."""
+    current = sums.get(key)
+    if current is None:
+        sums[key] = values
+        return
+    for i in range(1, len(values)):
+        current[i] += values[i]
+
+
+def _settle(row: dict[str, Any], now: datetime) -> None:
+    """Move a batch to its final state once every work item is accounted for."""
+    if row["state"] in FINAL_STATES:
+        return
+    if row["refused_reason"] is not None:
+        state = "refused"
+    elif row["work_items"] is None or row["completed_items"] + row["poisoned_items"] < row["work_items"]:
+        return
+    else:
+        state = "failed" if row["poisoned_items"] else "complete"
+    row["state"] = state
+    row["completed_at"] = now
+    row["latency_seconds"] = (now - row["accepted_at"]).total_seconds() if row["accepted_at"] else None
+
+
+def _update_batch(conn: sa.Connection, row: dict[str, Any], now: datetime) -> None:
+    values = {k: v for k, v in row.items() if k != "batch_id"} | {"updated_at": now}
+    conn.execute(sa.update(batches).where(batches.c.batch_id == row["batch_id"]).values(values))
+
+
+def _status(row: sa.RowMapping) -> BatchStatus:
+    return BatchStatus(**{f.name: row[f.name] for f in dataclasses.fields(BatchStatus)})

@@ -1,0 +1,81 @@
+"""Session-wide infrastructure for the tests: real Azurite, a real PostgreSQL server, fresh databases."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+
+from billing.stack import AzuriteStack, PostgresNotInstalled, PostgresServer
+from shared.settings import Settings
+
+
+@pytest.fixture(scope="session")
+def azurite(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A persistent Azurite on free loopback ports for the whole session; yields its connection string."""
+    stack = AzuriteStack(home=tmp_path_factory.mktemp("azurite"), persist=True)
+    try:
+        yield stack.start()
+    finally:
+        stack.stop()
+
+
+@pytest.fixture(scope="session")
+def postgres_url() -> Iterator[str]:
+    """A PostgreSQL server for the whole session; yields the SQLAlchemy URL of its ``postgres`` database.
+
+    Missing PostgreSQL binaries fail the run under CI (``CI`` set) and skip the test elsewhere.
+    """
+    # Not tmp_path_factory: as root the server runs as `postgres`, which cannot enter pytest's 0700 dirs.
+    with tempfile.TemporaryDirectory(prefix="billing-pg-") as scratch:
+        server = PostgresServer(data_dir=Path(scratch))
+        try:
+            url = server.start()
+        except PostgresNotInstalled as exc:
+            message = f"{exc} (needed by the PostgreSQL tests)"
+            if os.environ.get("CI"):
+                pytest.fail(message)
+            pytest.skip(message)
+        try:
+            yield url
+        finally:
+            server.stop()
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+def sql_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """A fresh, empty database for one test: a SQLite file, or a new database on the session's PostgreSQL."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'billing.db'}"
+        return
+    server = sa.make_url(request.getfixturevalue("postgres_url"))
+    name = f"test_{uuid.uuid4().hex[:16]}"
+    admin = sa.create_engine(server, isolation_level="AUTOCOMMIT")
+    try:
+        with admin.connect() as conn:
+            conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
+        yield server.set(database=name).render_as_string(hide_password=False)
+        with admin.connect() as conn:
+            conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    finally:
+        admin.dispose()
+
+
+@pytest.fixture
+def settings_env(azurite: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Settings]:
+    """``BILLING_*`` set for one test (session Azurite, SQLite under ``tmp_path``, a queue prefix of its
+    own; any other ``BILLING_*`` from the caller's environment removed); yields the matching ``Settings``."""
+    for key in [k for k in os.environ if k.upper().startswith("BILLING_")]:
+        monkeypatch.delenv(key)
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("BILLING_STORAGE_CONNECTION_STRING", azurite)
+    monkeypatch.setenv("BILLING_HOME", str(home))
+    monkeypatch.setenv("BILLING_SQL_URL", f"sqlite:///{tmp_path / 'billing.db'}")
+    monkeypatch.setenv("BILLING_QUEUE_PREFIX", f"t{uuid.uuid4().hex[:12]}")
+    yield Settings()

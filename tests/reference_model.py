@@ -1,0 +1,190 @@
+"""An independent, deliberately simple model of validation and rating: one row at a time,
+``re``, ``datetime`` and ``decimal`` (ROUND_HALF_UP) only. Tests compare the vectorised code to it.
+
+It reads the reference CSVs itself (assuming they are valid) and shares no code with ``shared``.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import re
+from dataclasses import dataclass
+from datetime import date, datetime, timedelta
+from decimal import ROUND_HALF_UP, Context, Decimal
+
+import pyarrow as pa
+
+DIGITS = {"USD": 2, "EUR": 2, "GBP": 2, "CHF": 2, "JPY": 0, "KRW": 0, "BHD": 3, "KWD": 3}
+FIELDS = ("transaction_id", "account_id", "timestamp", "product", "quantity", "region")
+EXACT = Context(prec=100)
+
+ID = re.compile(r"[A-Za-z0-9._:-]{1,64}")
+TIMESTAMP = re.compile(
+    r"([0-9]{4})-([0-9]{2})-([0-9]{2})T([0-9]{2}):([0-9]{2}):([0-9]{2})(?:\.([0-9]+))?(Z|([+-])([0-9]{2}):([0-9]{2}))?"
+)
+QUANTITY = re.compile(r"[+-]?[0-9]+(\.([0-9]+))?")
+PEAK_FROM, PEAK_TO = Decimal(8 * 3600), Decimal("71999.999999")
+
+
+@dataclass(frozen=True)
+class Price:
+    currency: str
+    unit: Decimal
+    offpeak: Decimal
+    minimum: Decimal | None
+
+
+@dataclass(frozen=True)
+class Instant:
+    """A UTC instant: the whole second as a datetime plus the exact fraction of a second."""
+
+    second: datetime
+    fraction: Decimal
+
+
+@dataclass(frozen=True)
+class Row:
+    """A row that passed every rule but the duplicate check."""
+
+    transaction_id: str
+    account_id: str
+    instant: Instant
+    product: str
+    quantity: Decimal
+    region: str
+
+
+@dataclass(frozen=True)
+class Rated:
+    net: int
+    tax: int
+    total: int
+    currency: str
+    billing_day: str
+
+
+def read_prices(csv_text: str) -> dict[str, Price]:
+    prices = {}
+    for r in csv.DictReader(io.StringIO(csv_text)):
+        unit = Decimal(r["unit_price"].strip())
+        offpeak = r["offpeak_unit_price"].strip()
+        minimum = r["minimum_charge"].strip()
+        prices[r["product"].strip()] = Price(
+            r["currency"].strip(), unit, Decimal(offpeak) if offpeak else unit, Decimal(minimum) if minimum else None
+        )
+    return prices
+
+
+def read_rates(csv_text: str) -> dict[str, Decimal]:
+    return {r["region"].strip(): Decimal(r["tax_rate"].strip()) for r in csv.DictReader(io.StringIO(csv_text))}
+
+
+def parse_timestamp(text: str) -> Instant | str:
+    """The instant, or the reason code."""
+    m = TIMESTAMP.fullmatch(text)
+    if m is None:
+        return "invalid_timestamp"
+    year, month, day, hour, minute, second = (int(g) for g in m.groups()[:6])
+    try:
+        local = datetime(year, month, day, hour, minute, second)
+    except ValueError:
+        return "invalid_timestamp"
+    if m.group(8) is None:
+        return "timestamp_without_timezone"
+    offset = timedelta(0)
+    if m.group(8) != "Z":
+        hours, minutes = int(m.group(10)), int(m.group(11))
+        if hours > 23 or minutes > 59:
+            return "invalid_timestamp"
+        offset = timedelta(hours=hours, minutes=minutes) * (-1 if m.group(9) == "-" else 1)
+    try:
+        utc = local - offset
+    except OverflowError:
+        return "invalid_timestamp"
+    return Instant(utc, Decimal("0." + m.group(7)) if m.group(7) else Decimal(0))
+
+
+def quantity_reason(text: str) -> str | None:
+    m = QUANTITY.fullmatch(text)
+    if m is None:
+        return "invalid_quantity"
+    value = Decimal(text)
+    if value < 0:
+        return "negative_quantity"
+    if value > 1_000_000_000:
+        return "quantity_out_of_range"
+    if m.group(2) is not None and len(m.group(2)) > 6:
+        return "too_many_decimals"
+    return None
+
+
+def check_row(raw: dict[str, str | None], prices: dict[str, Price], rates: dict[str, Decimal]) -> Row | str:
+    """The row, or the reason code of the first rule it breaks (duplicates aside)."""
+    f = {name: (raw.get(name) or "").strip() for name in FIELDS}
+    if any(not f[name] for name in FIELDS[:5]):
+        return "missing_field"
+    if not ID.fullmatch(f["transaction_id"]):
+        return "invalid_transaction_id"
+    if not ID.fullmatch(f["account_id"]):
+        return "invalid_account_id"
+    instant = parse_timestamp(f["timestamp"])
+    if isinstance(instant, str):
+        return instant
+    if f["product"] not in prices:
+        return "unknown_product"
+    reason = quantity_reason(f["quantity"])
+    if reason:
+        return reason
+    region = f["region"] or "*"
+    if region not in rates:
+        return "unknown_region"
+    return Row(f["transaction_id"], f["account_id"], instant, f["product"], Decimal(f["quantity"]) + 0, region)
+
+
+def check_batch(
+    rows: list[dict[str, str | None]], prices: dict[str, Price], rates: dict[str, Decimal]
+) -> list[Row | str]:
+    """Every row of a batch in order, with ``duplicate_transaction_id`` after the first valid one."""
+    seen: set[str] = set()
+    out: list[Row | str] = []
+    for raw in rows:
+        result = check_row(raw, prices, rates)
+        if isinstance(result, Row):
+            if result.transaction_id in seen:
+                result = "duplicate_transaction_id"
+            else:
+                seen.add(result.transaction_id)
+        out.append(result)
+    return out
+
+
+def half_up(value: Decimal) -> int:
+    return int(value.quantize(Decimal(1), rounding=ROUND_HALF_UP, context=EXACT))
+
+
+def is_peak(instant: Instant) -> bool:
+    t = instant.second
+    time_of_day = Decimal(t.hour * 3600 + t.minute * 60 + t.second) + instant.fraction
+    return t.weekday() < 5 and PEAK_FROM <= time_of_day <= PEAK_TO
+
+
+def rate_row(row: Row, prices: dict[str, Price], rates: dict[str, Decimal]) -> Rated:
+    price = prices[row.product]
+    scale = Decimal(10) ** DIGITS[price.currency]
+    unit = price.unit if is_peak(row.instant) else price.offpeak
+    net = half_up(EXACT.multiply(EXACT.multiply(row.quantity, unit), scale))
+    if price.minimum is not None and row.quantity > 0:
+        net = max(net, half_up(EXACT.multiply(price.minimum, scale)))
+    tax = half_up(EXACT.multiply(Decimal(net), rates[row.region]))
+    billing_day: date = row.instant.second.date()
+    return Rated(net, tax, net + tax, price.currency, billing_day.isoformat())
+
+
+def raw_chunk(rows: list[dict[str, str | None]], first_row: int = 1) -> pa.Table:
+    """A chunk as the batch readers hand it to validation: raw string fields, ``row`` and ``raw``."""
+    columns = {name: pa.array([r.get(name) for r in rows], pa.string()) for name in FIELDS}
+    columns["row"] = pa.array(range(first_row, first_row + len(rows)), pa.int64())
+    columns["raw"] = pa.array([json.dumps(r, ensure_ascii=False) for r in rows], pa.string())
+    return pa.table(columns)
