@@ -69,7 +69,7 @@ def sql_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
 @pytest.fixture
 def settings_env(azurite: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Settings]:
     """``BILLING_*`` set for one test (session Azurite, SQLite under ``tmp_path``, a queue prefix of its
-    own; any other ``BILLING_*`` from the caller's environment removed); yields the matching ``Settings``."""
+    own, containers of its own; any other ``BILLING_*`` from the caller's environment removed); yields the matching ``Settings``."""
     for key in [k for k in os.environ if k.upper().startswith("BILLING_")]:
         monkeypatch.delenv(key)
     home = tmp_path / "home"
@@ -77,5 +77,8 @@ def settings_env(azurite: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setenv("BILLING_STORAGE_CONNECTION_STRING", azurite)
     monkeypatch.setenv("BILLING_HOME", str(home))
     monkeypatch.setenv("BILLING_SQL_URL", f"sqlite:///{tmp_path / 'billing.db'}")
-    monkeypatch.setenv("BILLING_QUEUE_PREFIX", f"t{uuid.uuid4().hex[:12]}")
+    prefix = f"t{uuid.uuid4().hex[:12]}"
+    monkeypatch.setenv("BILLING_QUEUE_PREFIX", prefix)
+    for name in ("inbox", "work", "reference"):
+        monkeypatch.setenv(f"BILLING_{name.upper()}_CONTAINER", f"{prefix}-{name}")
     yield Settings()

@@ -93,13 +93,13 @@ async def test_failed_handler_leaves_messages_for_redelivery(storage: Storage, s
 
 async def test_poison_by_handler_reason_and_by_dequeue_count(storage: Storage, settings_env: Settings) -> None:
     queue = storage.queue(settings_env.requests_queue)
-    await queue.send_message("bad")
     await queue.send_message("worn")
     # Wear one message out: receive it past max_dequeue_count without deleting it.
     for _ in range(3):
         async for message in queue.receive_messages(visibility_timeout=1, max_messages=32):
             pass
         await asyncio.sleep(1.2)
+    await queue.send_message("bad")
 
     async def handler(messages: list[QueueMessage]) -> Mapping[str, str]:
         return {m.id: "bad_envelope: not json" for m in messages if m.content == "bad"}

@@ -42,7 +42,7 @@ def product() -> str:
     [
         ("latin1.csv", (HEADER + "t1,acct-\xe9,2026-03-02T09:15:00Z,P,1,\n").encode("latin-1"), "UTF-8"),
         ("nocol.csv", b"transaction_id,account_id,timestamp,quantity\nt1,a,2026-03-02T09:15:00Z,1\n", "product"),
-        ("quotes.csv", (HEADER + 't1,"acct"x,2026-03-02T09:15:00Z,P,1,\n').encode(), "quot"),
+        ("quotes.csv", (HEADER + 't1,"acct"x,2026-03-02T09:15:00Z,P,1,\n').encode(), "malformed CSV at line 2"),
         ("broken.jsonl", b'{"transaction_id": "t1"}\n[1, 2]\n', "line 2"),
         ("garbage.parquet", b"PAR1 this is not parquet", "arquet"),
     ],
