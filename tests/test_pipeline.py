@@ -1,0 +1,140 @@
+"""The whole pipeline end to end: initiator, processor and controller as separate OS processes on
+Azurite and SQL, fed through ``billing submit``, checked to the minor unit against the independent
+row-at-a-time model in ``reference_model``."""
+
+from __future__ import annotations
+
+import asyncio
+import csv
+import json
+import subprocess
+import sys
+from collections import defaultdict
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+import pytest
+
+from billing.demo import role_processes
+from shared.sample import generate, sample_price_book_bytes, sample_tax_table_bytes
+from shared.settings import Settings
+from shared.storage import Storage
+
+import reference_model as model
+
+ROWS = 4_000
+
+
+def billing(*args: str) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run([sys.executable, "-m", "billing", *args], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    return result
+
+
+def read_raw(path: Path) -> list[dict[str, Any]]:
+    """The file's rows as field -> text, read with nothing from ``shared``."""
+    if path.suffix == ".csv":
+        with path.open(newline="", encoding="utf-8") as f:
+            return list(csv.DictReader(f))
+    if path.suffix == ".jsonl":
+        return [json.loads(line, parse_float=str, parse_int=str) for line in path.read_text().splitlines() if line]
+    return pq.read_table(path).to_pylist()
+
+
+def expected(rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
+    """Aggregates, invoices and rejects as the report JSON should show them."""
+    prices = model.read_prices(sample_price_book_bytes().decode())
+    rates = model.read_rates(sample_tax_table_bytes().decode())
+    aggregates: dict[tuple[str, ...], dict[str, Any]] = {}
+    invoices: dict[tuple[str, ...], dict[str, int]] = defaultdict(lambda: {"net": 0, "tax": 0, "total": 0})
+    rejects = []
+    for number, result in enumerate(model.check_batch(rows, prices, rates), start=1):
+        if isinstance(result, str):
+            rejects.append({"row": number, "reason": result})
+            continue
+        rated = model.rate_row(result, prices, rates)
+        key = (result.account_id, result.product, rated.billing_day, rated.currency)
+        agg = aggregates.setdefault(key, {"transactions": 0, "quantity": Decimal(0), "net": 0, "tax": 0, "total": 0})
+        agg["transactions"] += 1
+        agg["quantity"] += result.quantity
+        invoice = invoices[(result.account_id, rated.billing_day[:7], rated.currency)]
+        for money in ("net", "tax", "total"):
+            agg[money] += getattr(rated, money)
+            invoice[money] += getattr(rated, money)
+    names = ("account_id", "product", "billing_day", "currency")
+    return (
+        sorted(({**dict(zip(names, k)), **v} for k, v in aggregates.items()), key=_key),
+        sorted(({"account_id": k[0], "billing_period": k[1], "currency": k[2], **v} for k, v in invoices.items()), key=_key),
+        rejects,
+    )
+
+
+def _key(record: dict[str, Any]) -> tuple[str, ...]:
+    return tuple(str(v) for k, v in record.items() if k in ("account_id", "product", "billing_day", "billing_period", "currency"))
+
+
+def report(kind: str, batch_id: str) -> list[dict[str, Any]]:
+    return json.loads(billing("report", kind, "--batch", batch_id, "--format", "json").stdout)
+
+
+@pytest.fixture
+def pipeline_env(settings_env: Settings, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> Settings:
+    monkeypatch.setenv("BILLING_PARTITIONS", "3")
+    monkeypatch.setenv("BILLING_WORK_ITEM_SIZE", str(request.param))
+    return Settings()
+
+
+def work_blobs(settings: Settings) -> int:
+    async def count() -> int:
+        async with Storage(settings) as storage:
+            return len([b async for b in storage.container(settings.work_container).list_blobs()])
+
+    return asyncio.run(count())
+
+
+@pytest.mark.parametrize(
+    "pipeline_env", [pytest.param(300, id="inline-work-items"), pytest.param(3_000, id="claim-checked-work-items")], indirect=True
+)
+def test_batches_in_every_format_come_out_exact(pipeline_env: Settings, tmp_path: Path) -> None:
+    batches = {}
+    for seed, fmt in enumerate(("csv", "jsonl", "parquet"), start=1):
+        path = tmp_path / f"batch.{fmt}"
+        generate(ROWS, path, seed=seed, fmt=fmt, reject_rate=0.02)
+        batches[f"batch-{fmt}"] = path
+
+    with role_processes(pipeline_env, tmp_path / "logs") as processes:
+        for batch_id, path in batches.items():
+            assert "submitted" in billing("submit", str(path), "--batch-id", batch_id).stdout
+        for batch_id, path in batches.items():
+            billing("submit", str(path), "--batch-id", batch_id, "--wait")  # exits non-zero unless complete
+        again = billing("submit", str(batches["batch-csv"]), "--batch-id", "batch-csv", "--wait")
+        assert "already submitted; nothing changed" in again.stdout
+    assert [p.returncode for p in processes] == [0, 0, 0], "every role exits 0 on SIGTERM"
+
+    items_per_batch = -(-ROWS // pipeline_env.work_item_size)
+    for batch_id, path in batches.items():
+        aggregates, invoices, rejects = expected(read_raw(path))
+        status = json.loads(billing("status", batch_id, "--json").stdout)
+        accepted = sum(a["transactions"] for a in aggregates)
+        assert status["state"] == "complete"
+        assert (status["rows"], status["accepted"], status["rejected"]) == (ROWS, accepted, len(rejects))
+        assert status["completed_items"] == status["work_items"] == -(-accepted // pipeline_env.work_item_size)
+        assert status["poisoned_items"] == 0 and status["latency_seconds"] > 0
+        assert status["accepted_at"] < status["completed_at"]
+
+        got = report("aggregates", batch_id)
+        for record in got:
+            assert "E" not in record["quantity"] and not record["quantity"].endswith(".")
+            assert not ("." in record["quantity"] and record["quantity"].endswith("0"))
+            record["quantity"] = Decimal(record["quantity"])
+        assert sorted(got, key=_key) == aggregates
+        assert sorted(report("invoices", batch_id), key=_key) == invoices
+        assert [{"row": r["row"], "reason": r["reason"]} for r in report("rejects", batch_id)] == rejects
+        assert len(rejects) > 0, "the sample carries defects, so rejects are exercised"
+    claim_checked = work_blobs(pipeline_env)
+    if pipeline_env.work_item_size >= 3_000:
+        assert claim_checked == len(batches) * items_per_batch
+    else:
+        assert claim_checked == 0
