@@ -84,38 +84,33 @@ class Storage:
         self._credential: Any = None
         self._queues: dict[str, QueueClient] = {}
         self._containers: dict[str, ContainerClient] = {}
-        options = self._client_options()
         conn = settings.storage_connection_string
         if conn is not None:
             secret = conn.get_secret_value()
             self.queue_service = QueueServiceClient.from_connection_string(
-                secret, **options, _additional_pipeline_policies=[self.counter.policy("queue")]
+                secret, **self._client_options("queue")
             )
             self.blob_service = BlobServiceClient.from_connection_string(
-                secret, **options, _additional_pipeline_policies=[self.counter.policy("blob")]
+                secret, **self._client_options("blob")
             )
         elif settings.storage_account_url:
             from azure.identity.aio import DefaultAzureCredential
 
             self._credential = DefaultAzureCredential()
             blob_url, queue_url = _service_urls(settings.storage_account_url)
-            self.queue_service = QueueServiceClient(
-                queue_url, credential=self._credential, **options,
-                _additional_pipeline_policies=[self.counter.policy("queue")],
-            )
-            self.blob_service = BlobServiceClient(
-                blob_url, credential=self._credential, **options,
-                _additional_pipeline_policies=[self.counter.policy("blob")],
-            )
+            self.queue_service = QueueServiceClient(queue_url, credential=self._credential, **self._client_options("queue"))
+            self.blob_service = BlobServiceClient(blob_url, credential=self._credential, **self._client_options("blob"))
         else:
             raise ConfigurationError(
                 "no storage account: set BILLING_STORAGE_CONNECTION_STRING or "
                 "BILLING_STORAGE_ACCOUNT_URL (or run `billing up` for the local stack)"
             )
 
-    def _client_options(self) -> dict[str, Any]:
+    def _client_options(self, service: str) -> dict[str, Any]:
+        """Options for one service client. Policies are pipeline nodes, so each client gets its own."""
         s = self.settings
         return {
+            "_additional_pipeline_policies": [self.counter.policy(service)],
             "retry_policy": ExponentialRetry(
                 initial_backoff=s.retry_backoff,
                 increment_base=2,

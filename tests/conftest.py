@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import tempfile
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
@@ -13,6 +13,7 @@ import sqlalchemy as sa
 
 from billing.stack import AzuriteStack, PostgresNotInstalled, PostgresServer
 from shared.settings import Settings
+from shared.storage import Storage
 
 
 @pytest.fixture(scope="session")
@@ -82,3 +83,11 @@ def settings_env(azurite: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     for name in ("inbox", "work", "reference"):
         monkeypatch.setenv(f"BILLING_{name.upper()}_CONTAINER", f"{prefix}-{name}")
     yield Settings()
+
+
+@pytest.fixture
+async def storage(settings_env: Settings) -> AsyncIterator[Storage]:
+    """A :class:`Storage` on the test's own queues and containers, all created."""
+    async with Storage(settings_env) as storage:
+        await storage.ensure_all()
+        yield storage

@@ -36,13 +36,6 @@ def test_depth_rule_is_bounded() -> None:
     assert depth_rule(10_000, settings) == 8
 
 
-@pytest.fixture
-async def storage(settings_env: Settings):
-    async with Storage(settings_env) as storage:
-        await storage.ensure_all()
-        yield storage
-
-
 def _listener(storage: Storage, settings: Settings, handler, **overrides) -> QueueListener:  # type: ignore[no-untyped-def]
     claim_check = ClaimCheck(storage, container=settings.work_container, limit=settings.max_message_bytes)
     return QueueListener(
