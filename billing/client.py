@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -21,9 +22,12 @@ from shared.refstore import PRICEBOOK, TAXES, ReferenceStore
 from shared.sample import sample_price_book_bytes, sample_tax_table_bytes
 from shared.settings import Settings
 from shared.storage import Storage
+from shared.triggers import trigger_bus
 
 #: States in which a batch will not change any more.
 FINAL_STATES = frozenset({"complete", "complete_with_errors", "failed", "refused"})
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -91,6 +95,7 @@ async def submit(
         claim_check = ClaimCheck(storage, container=settings.work_container, limit=settings.max_message_bytes)
         text = await claim_check.pack(request_envelope(request), blob_name=f"request/{batch_id}")
         await storage.queue(settings.requests_queue).send_message(text)
+        await _announce(settings, storage)
         return Submission(batch_id, fmt, duplicate=False, requests=storage.counter.snapshot())
 
 
@@ -112,3 +117,16 @@ def wait_for(
         if deadline is not None and time.monotonic() > deadline:
             return status
         time.sleep(0.25)
+
+
+async def _announce(settings: Settings, storage: Storage) -> None:
+    """Wake the initiator. A trigger is a hint: if it cannot be sent the initiator's safety poll
+    still finds the request, so a failure is logged and the submission stands."""
+    bus = trigger_bus(settings, storage)
+    if bus is None:
+        return
+    try:
+        async with bus:
+            await bus.announce(storage.account_name, {settings.requests_queue: (1, 0)})
+    except Exception as exc:  # noqa: BLE001 - see the docstring
+        log.warning("batch submitted, but no trigger was sent (%s); the initiator will find it by polling", exc)

@@ -13,6 +13,7 @@ from pydantic import SecretStr
 from shared.service import Service, serve
 from shared.settings import Settings
 from shared.storage import Storage
+from shared.triggers import trigger_bus
 
 from .stack import AzuriteStack
 
@@ -58,20 +59,23 @@ async def run_role(role: str, settings: Settings, *, burst: bool) -> None:
     (requests made, peak memory) in ``home/state/<role>-<pid>.json``."""
     async with Storage(settings) as storage:
         await storage.ensure_all()
+        # Burst runs drain and exit: nothing to wake.
+        triggers = None if burst else trigger_bus(settings, storage)
+        options: dict[str, Any] = {"storage": storage, "settings": settings, "triggers": triggers, "burst": burst}
 
         async def build() -> Service:
             if role == "initiator":
                 from initiator.service import Initiator
 
-                return Initiator(storage=storage, settings=settings, burst=burst)
+                return Initiator(**options)
             if role == "processor":
                 from processor.service import Processor
 
-                return Processor(storage=storage, settings=settings, burst=burst)
+                return Processor(**options)
             from controller.service import Controller
             from controller.store import Store
 
-            return Controller(storage=storage, settings=settings, store=Store(settings.sql_url_value), burst=burst)
+            return Controller(store=Store(settings.sql_url_value), **options)
 
         service = await serve(build)
     state = service.state()

@@ -10,13 +10,13 @@ from azure.storage.queue import QueueMessage
 
 from shared.envelope import ClaimCheck
 from shared.errors import PoisonMessage
-from shared.listener import ListenerSettings, QueueListener
 from shared.messages import Manifest, WorkItemResult
 from shared.poison import PoisonQueue
 from shared.protocol import MANIFEST, parse_manifest, parse_results
 from shared.service import Service
 from shared.settings import Settings
 from shared.storage import Storage
+from shared.triggers import TriggerBus
 
 from .store import Store
 
@@ -28,20 +28,14 @@ class Controller(Service):
 
     name = "controller"
 
-    def __init__(self, *, storage: Storage, settings: Settings, store: Store, burst: bool = False) -> None:
-        super().__init__(storage=storage)
+    def __init__(
+        self, *, storage: Storage, settings: Settings, store: Store, triggers: TriggerBus | None = None, burst: bool = False
+    ) -> None:
+        super().__init__(storage=storage, settings=settings, triggers=triggers, burst=burst)
         self.store = store
         self.claim_check = ClaimCheck(storage, container=settings.work_container, limit=settings.max_message_bytes)
-        self.listeners = [
-            QueueListener(
-                queue=storage.queue(settings.results_queue),
-                handler=self.handle,
-                poison=PoisonQueue(storage, self.claim_check),
-                # SQL writes serialise per batch anyway: one dequeue task, full batches.
-                settings=ListenerSettings.from_settings(settings, max_tasks=1),
-                burst=burst,
-            )
-        ]
+        # SQL writes serialise per batch anyway: one dequeue task, full batches.
+        self.listen(settings.results_queue, self.handle, poison=PoisonQueue(storage, self.claim_check), max_tasks=1)
 
     async def handle(self, messages: list[QueueMessage]) -> Mapping[str, str]:
         poisoned: dict[str, str] = {}

@@ -14,7 +14,6 @@ from azure.storage.queue import QueueMessage
 
 from shared.envelope import ClaimCheck
 from shared.errors import InputError, PoisonMessage
-from shared.listener import ListenerSettings, QueueListener
 from shared.messages import REJECT_SCHEMA, Manifest
 from shared.poison import PoisonQueue
 from shared.protocol import BatchRequest, WorkHeader, manifest_envelope, parse_request, work_envelope
@@ -23,6 +22,7 @@ from shared.refstore import PRICEBOOK, TAXES, ReferenceStore
 from shared.service import Service
 from shared.settings import Settings
 from shared.storage import Storage
+from shared.triggers import TriggerBus
 
 from .debatch import DebatchOutcome, debatch, read_spool
 
@@ -34,22 +34,15 @@ class Initiator(Service):
 
     name = "initiator"
 
-    def __init__(self, *, storage: Storage, settings: Settings, burst: bool = False) -> None:
-        super().__init__(storage=storage)
-        self.settings = settings
+    def __init__(self, *, storage: Storage, settings: Settings, triggers: TriggerBus | None = None, burst: bool = False) -> None:
+        super().__init__(storage=storage, settings=settings, triggers=triggers, burst=burst)
         self.claim_check = ClaimCheck(storage, container=settings.work_container, limit=settings.max_message_bytes)
         self.references = ReferenceStore(storage, container=settings.reference_container)
         self._sends = asyncio.Semaphore(settings.max_concurrent_sends)
-        self.listeners = [
-            QueueListener(
-                queue=storage.queue(settings.requests_queue),
-                handler=self.handle,
-                poison=PoisonQueue(storage, self.claim_check),
-                # One request is a whole file: take one at a time, keep its lease renewed.
-                settings=ListenerSettings.from_settings(settings, dequeue_batch_size=1, max_tasks=1),
-                burst=burst,
-            )
-        ]
+        # One request is a whole file: take one at a time, keep its lease renewed.
+        self.listen(
+            settings.requests_queue, self.handle, poison=PoisonQueue(storage, self.claim_check), dequeue_batch_size=1, max_tasks=1
+        )
 
     async def handle(self, messages: list[QueueMessage]) -> Mapping[str, str]:
         poisoned: dict[str, str] = {}
@@ -96,6 +89,7 @@ class Initiator(Service):
     async def _enqueue(self, request: BatchRequest, spool: BinaryIO) -> None:
         """Send every spooled work item, round-robin over the input queues, a bounded number at once."""
         queues = self.settings.input_queues
+        counts = {queue: [0, 0] for queue in queues}
         async with asyncio.TaskGroup() as sends:
             for seq, (rows, encoded) in enumerate(read_spool(spool)):
                 header = WorkHeader(
@@ -105,10 +99,15 @@ class Initiator(Service):
                     taxes_hash=request.taxes_hash,
                     rows=rows,
                 )
+                queue = queues[seq % len(queues)]
+                counts[queue][0] += 1
+                counts[queue][1] += rows
                 await self._sends.acquire()
-                sends.create_task(self._send(queues[seq % len(queues)], header, encoded))
+                sends.create_task(self._send(queue, header, encoded, first=seq < len(queues)))
+        await self.announce({queue: (messages, rows) for queue, (messages, rows) in counts.items() if messages})
 
-    async def _send(self, queue: str, header: WorkHeader, encoded: bytes) -> None:
+    async def _send(self, queue: str, header: WorkHeader, encoded: bytes, *, first: bool) -> None:
+        """Send one work item; the first on each queue wakes its processors at once."""
         try:
             text = await self.claim_check.pack(
                 work_envelope(header, encoded), blob_name=f"work/{header.batch_id}/{header.work_item_id}"
@@ -116,6 +115,8 @@ class Initiator(Service):
             await self.storage.queue(queue).send_message(text)
         finally:
             self._sends.release()
+        if first:
+            await self.announce({queue: (1, header.rows)})
 
     async def _report(self, request: BatchRequest, outcome: DebatchOutcome | None, *, refused: str | None = None) -> Manifest:
         manifest = Manifest(
@@ -133,6 +134,7 @@ class Initiator(Service):
         )
         text = await self.claim_check.pack(manifest_envelope(manifest), blob_name=f"manifest/{request.batch_id}")
         await self.storage.queue(self.settings.results_queue).send_message(text)
+        await self.announce({self.settings.results_queue: (1, 0)})
         log.info(
             "batch %s: %d rows, %d accepted, %d rejected, %d work items",
             manifest.batch_id, manifest.rows, manifest.accepted, manifest.rejected, manifest.work_items,

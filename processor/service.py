@@ -13,13 +13,13 @@ from azure.storage.queue import QueueMessage
 
 from shared.envelope import ClaimCheck
 from shared.errors import PoisonMessage
-from shared.listener import ListenerSettings, QueueListener
 from shared.poison import PoisonQueue
 from shared.protocol import WorkHeader, parse_work_header
 from shared.refstore import PRICEBOOK, TAXES, ReferenceStore
 from shared.service import Service
 from shared.settings import Settings
 from shared.storage import Storage
+from shared.triggers import TriggerBus
 
 from .jobs import rate_work_items
 
@@ -31,20 +31,16 @@ class Processor(Service):
 
     name = "processor"
 
-    def __init__(self, *, storage: Storage, settings: Settings, burst: bool = False) -> None:
-        super().__init__(storage=storage)
-        self.settings = settings
+    def __init__(self, *, storage: Storage, settings: Settings, triggers: TriggerBus | None = None, burst: bool = False) -> None:
+        super().__init__(storage=storage, settings=settings, triggers=triggers, burst=burst)
         self.claim_check = ClaimCheck(storage, container=settings.work_container, limit=settings.max_message_bytes)
         self.references = ReferenceStore(storage, container=settings.reference_container)
         self._pool = ProcessPoolExecutor(
             max_workers=settings.cpu_workers, mp_context=multiprocessing.get_context("forkserver")
         )
         poison = PoisonQueue(storage, self.claim_check)
-        listener_settings = ListenerSettings.from_settings(settings)
-        self.listeners = [
-            QueueListener(queue=storage.queue(name), handler=self.handle, poison=poison, settings=listener_settings, burst=burst)
-            for name in settings.input_queues
-        ]
+        for name in settings.input_queues:
+            self.listen(name, self.handle, poison=poison, queues=settings.partitions)
 
     async def handle(self, messages: list[QueueMessage]) -> Mapping[str, str]:
         """Rate one dequeued batch; send its results; the listener then deletes the inputs."""
@@ -71,6 +67,7 @@ class Processor(Service):
         if envelope is not None:
             text = await self.claim_check.pack(envelope, blob_name=f"results/{uuid.uuid4().hex}")
             await self.storage.queue(self.settings.results_queue).send_message(text)
+            await self.announce({self.settings.results_queue: (1, sum(header.rows for header, _ in items))})
         # The results are enqueued: from here the inputs may be deleted.
         return poisoned
 

@@ -1,12 +1,17 @@
 """The auto-scaling queue listener every role runs (the whitepaper's listener, in asyncio).
 
 Dequeue tasks receive up to ``dequeue_batch_size`` messages per call and hand each batch to the
-role's handler. An empty poll makes a task back off exponentially with jitter; once its sleep
-reaches ``max_idle_interval`` it exits unless it is the last one. When a poll finds work after
-idling, the scale rule decides how many tasks the queue depth deserves and the difference starts.
-Messages are deleted only after the handler returns (its output is durable by then); while the
-handler works, their visibility is renewed. A message seen more than ``max_dequeue_count`` times,
-or one the handler declares poison, moves to the poison queue with its reason.
+role's handler; while a task's handler works on one batch, the task already receives the next.
+After the ``n``-th consecutive empty poll a task sleeps :func:`idle_delay`; once that sleep reaches
+``max_idle_interval`` the task exits unless it is the last one. In push mode (a trigger bus wakes
+the listener) the last one exits too, and the listener makes only a slow, jittered safety poll
+every ``safety_poll_interval`` so a lost trigger never strands work.
+
+Work detected (a poll finds messages after idling, or :meth:`QueueListener.wake`) asks the scale
+rule for the number of tasks the queue depth deserves and starts the difference. Messages are
+deleted only after the handler returns (its output is durable by then); while they wait or are
+worked on, their visibility is renewed. A message seen more than ``max_dequeue_count`` times, or
+one the handler declares poison, moves to the poison queue with its reason.
 """
 
 from __future__ import annotations
@@ -15,31 +20,32 @@ import asyncio
 import logging
 import math
 import random
+import time
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from datetime import datetime, timedelta, timezone
 
-from azure.core.exceptions import AzureError, ResourceNotFoundError
+from azure.core.exceptions import HttpResponseError, ResourceNotFoundError
 from azure.storage.queue import QueueMessage
 from azure.storage.queue.aio import QueueClient
 
-from .poison import PoisonQueue
+from .poison import PoisonQueue, poison_queue_name
 from .settings import Settings
+from .storage import RequestCounter
 
 log = logging.getLogger(__name__)
 
 #: The handler gets one received batch; it returns the messages to poison (id → reason).
 Handler = Callable[[list[QueueMessage]], Awaitable[Mapping[str, str] | None]]
-#: A scale rule: (queue depth, settings) → wanted number of dequeue tasks.
-ScaleRule = Callable[[int, "ListenerSettings"], int]
 
 ERROR_PAUSE_MIN = 1.0
 ERROR_PAUSE_MAX = 30.0
+SERVICE_TIME_WEIGHT = 0.3  # weight of the newest sample in the per-message service time average
 
 
 @dataclass(frozen=True, kw_only=True)
 class ListenerSettings:
-    """Listener knobs, named as in the whitepaper (README maps them to ``host.json``)."""
+    """Listener knobs, named as in the whitepaper (the README maps them to ``host.json``)."""
 
     dequeue_batch_size: int = 32
     visibility_timeout: int = 60
@@ -48,6 +54,10 @@ class ListenerSettings:
     backoff_delta: float = 0.1
     max_dequeue_count: int = 5
     max_tasks: int = 2
+    target_drain_seconds: float = 10.0
+    push: bool = False
+    safety_poll_interval: float = 300.0
+    delete_on_receive: bool = False
 
     @classmethod
     def from_settings(cls, settings: Settings, **overrides: object) -> ListenerSettings:
@@ -59,6 +69,9 @@ class ListenerSettings:
             "backoff_delta": settings.backoff_delta,
             "max_dequeue_count": settings.max_dequeue_count,
             "max_tasks": settings.dequeue_tasks,
+            "target_drain_seconds": settings.target_drain_seconds,
+            "safety_poll_interval": settings.safety_poll_interval,
+            "delete_on_receive": settings.delete_on_receive,
         }
         return cls(**{**values, **overrides})  # type: ignore[arg-type]
 
@@ -66,16 +79,45 @@ class ListenerSettings:
 def idle_delay(idle_count: int, settings: ListenerSettings, rng: random.Random = random._inst) -> float:  # type: ignore[attr-defined]
     """Sleep after the ``idle_count``-th consecutive empty poll, jittered even at the cap."""
     jitter = rng.uniform(0.8, 1.2)
-    growth = (2 ** min(idle_count, 62) - 1) * jitter * settings.backoff_delta
-    capped = min(settings.min_idle_interval + growth, settings.max_idle_interval)
-    if capped >= settings.max_idle_interval:
+    if at_idle_cap(idle_count, settings):
         return settings.max_idle_interval * jitter
-    return capped
+    return settings.min_idle_interval + (2**idle_count - 1) * jitter * settings.backoff_delta
 
 
-def depth_rule(depth: int, settings: ListenerSettings) -> int:
-    """Default scale rule: one task per full batch of backlog, at least one, at most ``max_tasks``."""
-    return max(1, min(settings.max_tasks, math.ceil(depth / settings.dequeue_batch_size)))
+def at_idle_cap(idle_count: int, settings: ListenerSettings) -> bool:
+    """Whether the back-off has reached ``max_idle_interval`` (ignoring jitter)."""
+    growth = (2 ** min(idle_count, 62) - 1) * settings.backoff_delta
+    return settings.min_idle_interval + growth >= settings.max_idle_interval
+
+
+@dataclass(frozen=True)
+class Load:
+    """What a scale rule sees: the queue depth and the measured seconds per message (if any yet)."""
+
+    depth: int
+    service_time: float | None
+
+
+#: A scale rule: (load, settings) → wanted number of dequeue tasks (clamped to 1..max_tasks).
+ScaleRule = Callable[[Load, ListenerSettings], int]
+
+
+def drain_rule(load: Load, settings: ListenerSettings) -> int:
+    """Enough tasks to drain the backlog within ``target_drain_seconds`` at the measured service
+    time; before any measurement, one task per full batch of backlog."""
+    if load.service_time is None:
+        return math.ceil(load.depth / settings.dequeue_batch_size)
+    return math.ceil(load.depth * load.service_time / settings.target_drain_seconds)
+
+
+def whitepaper_rule(load: Load, settings: ListenerSettings) -> int:
+    """The whitepaper's fixed table: < 100 messages → 10 tasks, < 1,000 → 50, else 100."""
+    if load.depth < 100:
+        return 10
+    return 50 if load.depth < 1000 else 100
+
+
+SCALE_RULES: dict[str, ScaleRule] = {"drain": drain_rule, "whitepaper": whitepaper_rule}
 
 
 @dataclass(frozen=True)
@@ -87,7 +129,11 @@ class ListenerState:
     processed: int
     poisoned: int
     failed_batches: int
+    task_errors: int
     idle_polls: int
+    requests: int
+    service_time: float | None
+    last_receive_at: float | None
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -103,7 +149,8 @@ class QueueListener:
         handler: Handler,
         poison: PoisonQueue,
         settings: ListenerSettings,
-        scale_rule: ScaleRule = depth_rule,
+        scale_rule: ScaleRule = drain_rule,
+        counter: RequestCounter | None = None,
         burst: bool = False,
     ) -> None:
         self._queue = queue
@@ -111,8 +158,10 @@ class QueueListener:
         self._poison = poison
         self._settings = settings
         self._scale_rule = scale_rule
+        self._counter = counter
         self._burst = burst
         self._stopping = asyncio.Event()
+        self._changed = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
         self._in_flight: dict[str, QueueMessage] = {}
         self._lease_lock = asyncio.Lock()
@@ -121,14 +170,24 @@ class QueueListener:
         self._processed = 0
         self._poisoned = 0
         self._failed_batches = 0
+        self._task_errors = 0
         self._idle_polls = 0
+        self._service_time: float | None = None
+        self._last_receive_at: float | None = None
 
     @property
     def name(self) -> str:
         return self._queue.queue_name
 
+    @property
+    def settings(self) -> ListenerSettings:
+        return self._settings
+
     def state(self) -> ListenerState:
         """Counters and the last known queue depth (no request is made)."""
+        requests = 0
+        if self._counter is not None:
+            requests = self._counter.by_resource[self.name] + self._counter.by_resource[poison_queue_name(self.name)]
         return ListenerState(
             queue=self.name,
             queue_depth=self._depth,
@@ -137,7 +196,11 @@ class QueueListener:
             processed=self._processed,
             poisoned=self._poisoned,
             failed_batches=self._failed_batches,
+            task_errors=self._task_errors,
             idle_polls=self._idle_polls,
+            requests=requests,
+            service_time=self._service_time,
+            last_receive_at=self._last_receive_at,
         )
 
     async def run(self) -> None:
@@ -145,14 +208,18 @@ class QueueListener:
         renewer = asyncio.create_task(self._renew_leases(), name=f"{self.name}-leases")
         self._start_tasks(1)
         try:
-            while self._tasks:
-                done, _ = await asyncio.wait(self._tasks, return_when=asyncio.FIRST_COMPLETED)
-                for task in done:
-                    self._tasks.discard(task)
-                    if not task.cancelled() and task.exception() is not None:
-                        log.error("dequeue task on %s failed", self.name, exc_info=task.exception())
+            while True:
+                self._changed.clear()
+                if self._tasks:
+                    await self._changed.wait()
+                elif self._stopping.is_set() or self._burst:
+                    return
+                elif not self._settings.push:
+                    self._start_tasks(1)  # pull mode always keeps one poller
+                elif not await self._wait_changed(self._safety_delay()):
+                    self._start_tasks(1, probe=True)
         finally:
-            for task in self._tasks:
+            for task in list(self._tasks):
                 task.cancel()
             await asyncio.gather(*self._tasks, return_exceptions=True)
             renewer.cancel()
@@ -161,51 +228,88 @@ class QueueListener:
     def close(self) -> None:
         """Stop receiving; batches in flight finish, then :meth:`run` returns."""
         self._stopping.set()
+        self._changed.set()
 
     def wake(self, depth: int | None = None) -> None:
         """Work detected from outside (a trigger): scale up for ``depth`` messages."""
         if not self._stopping.is_set():
             self._scale_to(depth if depth is not None else self._settings.dequeue_batch_size)
 
-    def _start_tasks(self, count: int) -> None:
+    def _safety_delay(self) -> float:
+        return self._settings.safety_poll_interval * random.uniform(0.8, 1.2)
+
+    async def _wait_changed(self, timeout: float) -> bool:
+        try:
+            await asyncio.wait_for(self._changed.wait(), timeout=timeout)
+        except TimeoutError:
+            return False
+        return True
+
+    def _start_tasks(self, count: int, *, probe: bool = False) -> None:
         for _ in range(count):
-            task = asyncio.create_task(self._dequeue_loop(), name=f"{self.name}-dequeue")
+            task = asyncio.create_task(self._dequeue_loop(probe=probe), name=f"{self.name}-dequeue")
             self._tasks.add(task)
+            task.add_done_callback(self._task_done)
         self._peak = max(self._peak, len(self._tasks))
+        self._changed.set()
+
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            self._task_errors += 1
+            log.error("dequeue task on %s ended with an error", self.name, exc_info=task.exception())
+        self._changed.set()
 
     def _scale_to(self, depth: int) -> None:
         self._depth = depth
-        wanted = self._scale_rule(depth, self._settings)
+        wanted = max(1, min(self._settings.max_tasks, self._scale_rule(Load(depth, self._service_time), self._settings)))
         if wanted > len(self._tasks):
+            log.debug("%s: %d messages waiting, scaling from %d to %d tasks", self.name, depth, len(self._tasks), wanted)
             self._start_tasks(wanted - len(self._tasks))
 
-    async def _dequeue_loop(self) -> None:
+    def _leave(self) -> bool:
+        """Scale down: the calling task leaves unless it is the last (in pull mode)."""
+        if len(self._tasks) > 1 or self._settings.push:
+            self._tasks.discard(asyncio.current_task())  # type: ignore[arg-type]
+            return True
+        return False
+
+    async def _dequeue_loop(self, *, probe: bool) -> None:
+        """Receive and process until stopped or scaled down; a probe leaves after one empty poll."""
         idle = 0
         errors = 0
-        while not self._stopping.is_set():
-            try:
-                messages = await self._receive()
-            except AzureError as exc:
-                errors += 1
-                pause = min(ERROR_PAUSE_MIN * 2 ** (errors - 1), ERROR_PAUSE_MAX) * random.uniform(0.8, 1.2)
-                log.warning("receive from %s failed (%s); retrying in %.1f s", self.name, exc, pause)
-                await self._sleep(pause)
-                continue
-            errors = 0
-            if not messages:
-                idle += 1
-                self._idle_polls += 1
-                if self._burst:
-                    return
-                delay = idle_delay(idle, self._settings)
-                if delay >= self._settings.max_idle_interval * 0.8 and len(self._tasks) > 1:
-                    return  # scale down: idle long enough and not the last task
-                await self._sleep(delay)
-                continue
-            if idle:
-                await self._on_work_detected()
-            idle = 0
-            await self._process(messages)
+        pending: asyncio.Task[None] | None = None
+        try:
+            while not self._stopping.is_set():
+                try:
+                    messages = await self._receive()
+                except Exception as exc:  # noqa: BLE001 - report, back off, keep going
+                    errors += 1
+                    pause = min(ERROR_PAUSE_MIN * 2 ** (errors - 1), ERROR_PAUSE_MAX) * random.uniform(0.8, 1.2)
+                    log.warning("receive from %s failed (%s); retrying in %.1f s", self.name, exc, pause, exc_info=errors == 1)
+                    await self._sleep(pause)
+                    continue
+                errors = 0
+                if not messages:
+                    if pending is not None:
+                        await pending
+                        pending = None
+                    idle += 1
+                    self._idle_polls += 1
+                    if self._burst or ((probe or at_idle_cap(idle, self._settings)) and self._leave()):
+                        return
+                    await self._sleep(idle_delay(idle, self._settings))
+                    continue
+                if idle or probe:
+                    probe = False
+                    await self._on_work_detected()
+                idle = 0
+                if pending is not None:
+                    await pending
+                pending = asyncio.create_task(self._process(messages), name=f"{self.name}-process")
+        finally:
+            if pending is not None:
+                await pending
 
     async def _receive(self) -> list[QueueMessage]:
         pages = self._queue.receive_messages(
@@ -214,45 +318,67 @@ class QueueListener:
             visibility_timeout=self._settings.visibility_timeout,
         ).by_page()
         async for page in pages:
-            return [message async for message in page]
+            messages = [message async for message in page]
+            if messages:
+                self._last_receive_at = time.time()
+                async with self._lease_lock:
+                    self._in_flight.update((m.id, m) for m in messages)
+            return messages
         return []
 
     async def _on_work_detected(self) -> None:
         try:
             properties = await self._queue.get_queue_properties()
-        except AzureError as exc:
+        except Exception as exc:  # noqa: BLE001 - scaling is an optimisation; keep working
             log.warning("could not read the depth of %s: %s", self.name, exc)
             return
         self._scale_to(properties.approximate_message_count or 0)
 
     async def _process(self, messages: list[QueueMessage]) -> None:
-        limit = self._settings.max_dequeue_count
-        batch = []
-        for message in messages:
-            if (message.dequeue_count or 0) > limit:
-                await self._to_poison(message, f"max_dequeue_count_exceeded ({message.dequeue_count} > {limit})")
-            else:
-                batch.append(message)
-        if not batch:
-            return
-        self._in_flight.update((m.id, m) for m in batch)
+        """Poison the worn-out, hand the rest to the handler, then acknowledge them."""
+        try:
+            limit = self._settings.max_dequeue_count
+            batch = []
+            for message in messages:
+                if (message.dequeue_count or 0) > limit:
+                    await self._to_poison(message, f"max_dequeue_count_exceeded ({message.dequeue_count} > {limit})")
+                else:
+                    batch.append(message)
+            if batch:
+                await self._handle(batch)
+        except Exception:  # noqa: BLE001 - a storage error here leaves messages for redelivery
+            self._failed_batches += 1
+            log.exception("could not finish %d messages from %s; they will be redelivered", len(messages), self.name)
+        finally:
+            async with self._lease_lock:
+                for message in messages:
+                    self._in_flight.pop(message.id, None)
+
+    async def _handle(self, batch: list[QueueMessage]) -> None:
+        if self._settings.delete_on_receive:
+            await asyncio.gather(*(self._delete(m) for m in batch))
+        started = time.monotonic()
         try:
             poisoned = await self._handler(batch) or {}
-        except Exception:
+        except Exception:  # noqa: BLE001 - the batch stays in the queue and is retried
             self._failed_batches += 1
             log.exception("handler failed on %d messages from %s; they will be redelivered", len(batch), self.name)
             await self._sleep(ERROR_PAUSE_MIN)
             return
-        finally:
-            async with self._lease_lock:
-                for message in batch:
-                    self._in_flight.pop(message.id, None)
+        self._observe((time.monotonic() - started) / len(batch))
         # Acknowledge late: the handler returned, so what these messages produced is durable.
         for message in batch:
             if message.id in poisoned:
                 await self._to_poison(message, poisoned[message.id])
-        await asyncio.gather(*(self._delete(m) for m in batch if m.id not in poisoned))
+        if not self._settings.delete_on_receive:
+            await asyncio.gather(*(self._delete(m) for m in batch if m.id not in poisoned))
         self._processed += len(batch)
+
+    def _observe(self, seconds_per_message: float) -> None:
+        previous = self._service_time
+        self._service_time = seconds_per_message if previous is None else (
+            previous + SERVICE_TIME_WEIGHT * (seconds_per_message - previous)
+        )
 
     async def _to_poison(self, message: QueueMessage, reason: str) -> None:
         await self._poison.put(self.name, message, reason)
@@ -261,14 +387,20 @@ class QueueListener:
 
     async def _delete(self, message: QueueMessage) -> None:
         try:
-            await self._queue.delete_message(message)
+            try:
+                await self._queue.delete_message(message)
+            except HttpResponseError as exc:
+                if exc.error_code != "PopReceiptMismatch":
+                    raise
+                async with self._lease_lock:  # a renewal was under way: use its new receipt
+                    await self._queue.delete_message(message)
         except ResourceNotFoundError:
             # The lease was lost (the message reappeared and was taken again): its new holder
             # finishes it, and the downstream idempotency absorbs the repeat.
             log.warning("message %s on %s was already gone when deleted", message.id, self.name)
 
     async def _renew_leases(self) -> None:
-        """Keep in-flight messages invisible while the handler works on them."""
+        """Keep received messages invisible while they wait for or go through the handler."""
         timeout = self._settings.visibility_timeout
         while True:
             await asyncio.sleep(max(0.5, timeout / 4))
@@ -279,7 +411,7 @@ class QueueListener:
                         continue
                     try:
                         renewed = await self._queue.update_message(message, visibility_timeout=timeout)
-                    except AzureError as exc:
+                    except Exception as exc:  # noqa: BLE001 - retried on the next round
                         log.warning("could not renew the lease of %s on %s: %s", message.id, self.name, exc)
                         continue
                     message.pop_receipt = renewed.pop_receipt
@@ -290,3 +422,10 @@ class QueueListener:
             await asyncio.wait_for(self._stopping.wait(), timeout=seconds)
         except TimeoutError:
             pass
+
+
+def listener_settings(settings: Settings, *, push: bool, queues: int = 1, **overrides: object) -> ListenerSettings:
+    """Listener settings for one of ``queues`` listeners of an instance: in push mode they share
+    the instance's one safety poll per ``safety_poll_interval``, each polling 1/``queues`` as often."""
+    base = ListenerSettings.from_settings(settings, **overrides)
+    return replace(base, push=push, safety_poll_interval=settings.safety_poll_interval * queues)

@@ -7,25 +7,68 @@ import logging
 import os
 import resource
 import signal
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
 
-from .listener import QueueListener
+from .listener import SCALE_RULES, Handler, QueueListener, listener_settings
+from .poison import PoisonQueue
+from .settings import Settings
 from .storage import Storage
+from .triggers import TriggerBus
 
 log = logging.getLogger(__name__)
 
 
 class Service:
-    """A role: some queue listeners over one :class:`Storage`, run until closed."""
+    """A role: queue listeners over one :class:`Storage`, woken by an optional trigger bus.
+
+    With a trigger bus the listeners run in push mode (they scale to zero and wait for triggers
+    naming their queue); :meth:`announce` publishes the triggers for what the role enqueues.
+    """
 
     name = "service"
 
-    def __init__(self, *, storage: Storage) -> None:
+    def __init__(self, *, storage: Storage, settings: Settings, triggers: TriggerBus | None = None, burst: bool = False) -> None:
         self.storage = storage
+        self.settings = settings
+        self.triggers = triggers
+        self.burst = burst
         self.listeners: list[QueueListener] = []
+        if triggers is not None:
+            triggers.subscribe(self._on_trigger)
+
+    def listen(self, queue: str, handler: Handler, *, poison: PoisonQueue, queues: int = 1, **overrides: Any) -> QueueListener:
+        """Add a listener on ``queue``, one of the role's ``queues`` listeners (see
+        :func:`~shared.listener.listener_settings`); ``overrides`` adjust its settings."""
+        listener = QueueListener(
+            queue=self.storage.queue(queue),
+            handler=handler,
+            poison=poison,
+            settings=listener_settings(self.settings, push=self.triggers is not None, queues=queues, **overrides),
+            scale_rule=SCALE_RULES[self.settings.scale_rule],
+            counter=self.storage.counter,
+            burst=self.burst,
+        )
+        self.listeners.append(listener)
+        return listener
+
+    async def announce(self, counts: Mapping[str, tuple[int, int]]) -> None:
+        """Tell listeners elsewhere that work arrived: queue → (messages, transactions). A hint:
+        failures are logged by the bus, never raised."""
+        if self.triggers is not None and counts:
+            await self.triggers.announce(self.storage.account_name, counts)
+
+    def _on_trigger(self, event: TriggerEvent) -> None:
+        if event.account != self.storage.account_name:
+            return
+        for listener in self.listeners:
+            if listener.name == event.queue:
+                listener.wake(event.messages)
 
     async def run(self) -> None:
         """Run every listener; return when all have stopped (burst: drained)."""
+        if self.triggers is not None:
+            await self.triggers.start()
         tasks = {asyncio.create_task(listener.run(), name=listener.name) for listener in self.listeners}
         try:
             await asyncio.gather(*tasks)
@@ -33,6 +76,8 @@ class Service:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+            if self.triggers is not None:
+                await self.triggers.close()
             await self.aclose()
 
     def close(self) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -47,6 +48,20 @@ class Settings(BaseSettings):
     max_idle_interval: float = Field(default=10.0, gt=0)
     backoff_delta: float = Field(default=0.1, gt=0)
     max_dequeue_count: int = Field(default=5, ge=1)
+    scale_rule: Literal["drain", "whitepaper"] = "drain"
+    target_drain_seconds: float = Field(default=10.0, gt=0)
+    safety_poll_interval: float = Field(default=300.0, gt=0)
+    delete_on_receive: bool = False  # the naive design's early acknowledgement; benchmark only
+
+    # Triggers: "work detected" hints. ``auto`` = Service Bus when configured, else the local bus.
+    trigger_backend: Literal["auto", "local", "servicebus", "none"] = "auto"
+    servicebus_connection_string: SecretStr | None = None
+    servicebus_namespace: str | None = None  # fully qualified; used with DefaultAzureCredential
+    trigger_topic: str = "billing-triggers"
+    trigger_subscription: str | None = None  # default: one per instance
+    trigger_create_subscription: bool = True
+    trigger_auto_delete_on_idle: float = Field(default=600.0, ge=300)
+    trigger_container: str = "billing-triggers"
 
     # Storage SDK retry policy.
     retry_total: int = Field(default=5, ge=0)
@@ -78,6 +93,13 @@ class Settings(BaseSettings):
     @property
     def all_containers(self) -> list[str]:
         return [self.inbox_container, self.work_container, self.reference_container]
+
+    @property
+    def trigger_mode(self) -> Literal["local", "servicebus", "none"]:
+        """The trigger backend in effect."""
+        if self.trigger_backend != "auto":
+            return self.trigger_backend
+        return "servicebus" if self.servicebus_connection_string or self.servicebus_namespace else "local"
 
     @property
     def sql_url_value(self) -> str:

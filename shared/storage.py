@@ -4,6 +4,7 @@ retry policy, and a request counter that sees each HTTP request the SDK puts on 
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 from collections import Counter
 from collections.abc import Iterable
 from types import TracebackType
@@ -41,15 +42,36 @@ def classify(service: str, method: str, url: str) -> str:
     return {"GET": "blob.get", "PUT": "blob.put", "DELETE": "blob.delete"}.get(method, "blob.other")
 
 
+def resource(url: str) -> str:
+    """The queue or container a request addresses (``""`` for account-level requests)."""
+    split = urlsplit(url)
+    parts = split.path.strip("/").split("/")
+    # Path-style endpoints (Azurite, IP addresses) put the account first: /<account>/<resource>/...
+    if len(parts) > 1 and _path_style(split.hostname or ""):
+        parts = parts[1:]
+    return parts[0]
+
+
+def _path_style(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
+
+
 class RequestCounter:
-    """Counts of storage requests by kind, shared by all clients of one process."""
+    """Counts of storage requests by kind and by queue/container, shared by all clients of one process."""
 
     def __init__(self) -> None:
         self.counts: Counter[str] = Counter()
+        self.by_resource: Counter[str] = Counter()
 
     def policy(self, service: str) -> SansIOHTTPPolicy:  # type: ignore[type-arg]
         """A pipeline policy for one service's clients; it runs once per attempt (after retry)."""
-        return _CountingPolicy(self.counts, service)
+        return _CountingPolicy(self, service)
 
     @property
     def total(self) -> int:
@@ -61,13 +83,14 @@ class RequestCounter:
 
 
 class _CountingPolicy(SansIOHTTPPolicy):  # type: ignore[type-arg]
-    def __init__(self, counts: Counter[str], service: str) -> None:
-        self._counts = counts
+    def __init__(self, counter: RequestCounter, service: str) -> None:
+        self._counter = counter
         self._service = service
 
     def on_request(self, request: PipelineRequest) -> None:  # type: ignore[type-arg]
         http = request.http_request
-        self._counts[classify(self._service, http.method, http.url)] += 1
+        self._counter.counts[classify(self._service, http.method, http.url)] += 1
+        self._counter.by_resource[resource(http.url)] += 1
 
 
 class Storage:
@@ -120,6 +143,11 @@ class Storage:
             "connection_timeout": min(10.0, s.request_timeout),
             "read_timeout": s.request_timeout,
         }
+
+    @property
+    def account_name(self) -> str:
+        """The storage account's name (it identifies the account in triggers)."""
+        return str(self.queue_service.account_name)
 
     def queue(self, name: str) -> QueueClient:
         """The (cached) client of one queue."""

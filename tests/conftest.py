@@ -80,7 +80,7 @@ def settings_env(azurite: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setenv("BILLING_SQL_URL", f"sqlite:///{tmp_path / 'billing.db'}")
     prefix = f"t{uuid.uuid4().hex[:12]}"
     monkeypatch.setenv("BILLING_QUEUE_PREFIX", prefix)
-    for name in ("inbox", "work", "reference"):
+    for name in ("inbox", "work", "reference", "trigger"):
         monkeypatch.setenv(f"BILLING_{name.upper()}_CONTAINER", f"{prefix}-{name}")
     yield Settings()
 

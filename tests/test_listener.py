@@ -11,7 +11,16 @@ import pytest
 from azure.storage.queue import QueueMessage
 
 from shared.envelope import ClaimCheck
-from shared.listener import ListenerSettings, QueueListener, depth_rule, idle_delay
+from shared.listener import (
+    SCALE_RULES,
+    ListenerSettings,
+    Load,
+    QueueListener,
+    at_idle_cap,
+    drain_rule,
+    idle_delay,
+    whitepaper_rule,
+)
 from shared.poison import PoisonQueue, poison_queue_name
 from shared.settings import Settings
 from shared.storage import Storage
@@ -29,22 +38,60 @@ def test_idle_delay_grows_exponentially_with_jitter_and_caps() -> None:
     assert len({round(d, 6) for d in capped}) > 100  # jitter kept at the cap: no lock-step polling
 
 
-def test_depth_rule_is_bounded() -> None:
-    settings = ListenerSettings(max_tasks=8, dequeue_batch_size=32)
-    assert depth_rule(0, settings) == 1
-    assert depth_rule(33, settings) == 2
-    assert depth_rule(10_000, settings) == 8
+def test_idle_cap_is_reached_after_the_whitepaper_number_of_polls() -> None:
+    settings = ListenerSettings(min_idle_interval=0.0, max_idle_interval=10.0, backoff_delta=0.1)
+    # (2^n - 1) × 0.1 reaches 10 s at n = 7 (12.7 s); before that the sleep still grows.
+    assert [at_idle_cap(n, settings) for n in range(1, 9)] == [False] * 6 + [True] * 2
 
 
-def _listener(storage: Storage, settings: Settings, handler, **overrides) -> QueueListener:  # type: ignore[no-untyped-def]
+def test_drain_rule_uses_depth_and_measured_service_time() -> None:
+    settings = ListenerSettings(max_tasks=8, dequeue_batch_size=32, target_drain_seconds=10.0)
+    # Nothing measured yet: one task per full batch of backlog.
+    assert drain_rule(Load(0, None), settings) == 0
+    assert drain_rule(Load(33, None), settings) == 2
+    # 0.05 s per message: 1,000 messages take 50 task-seconds, 5 tasks drain them in 10 s.
+    assert drain_rule(Load(1_000, 0.05), settings) == 5
+    assert drain_rule(Load(1_000, 0.001), settings) == 1
+    assert SCALE_RULES["drain"] is drain_rule
+
+
+def test_whitepaper_rule_is_the_fixed_table() -> None:
+    settings = ListenerSettings()
+    assert [whitepaper_rule(Load(d, None), settings) for d in (0, 99, 100, 999, 1000, 10**6)] == [10, 10, 50, 50, 100, 100]
+    assert SCALE_RULES["whitepaper"] is whitepaper_rule
+
+
+def _listener(storage: Storage, settings: Settings, handler, *, burst: bool = True, **overrides) -> QueueListener:  # type: ignore[no-untyped-def]
     claim_check = ClaimCheck(storage, container=settings.work_container, limit=settings.max_message_bytes)
     return QueueListener(
         queue=storage.queue(settings.requests_queue),
         handler=handler,
         poison=PoisonQueue(storage, claim_check),
         settings=ListenerSettings.from_settings(settings, **overrides),
-        burst=True,
+        counter=storage.counter,
+        burst=burst,
     )
+
+
+async def _until(predicate, timeout: float = 15.0) -> None:  # type: ignore[no-untyped-def]
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not predicate():
+        assert asyncio.get_running_loop().time() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.02)
+
+
+async def _send(storage: Storage, settings: Settings, count: int) -> None:
+    queue = storage.queue(settings.requests_queue)
+    await asyncio.gather(*(queue.send_message(f"m{i}") for i in range(count)))
+
+
+def _recorder(seen: list[str], delay: float = 0.0):  # type: ignore[no-untyped-def]
+    async def handler(messages: list[QueueMessage]) -> Mapping[str, str]:
+        await asyncio.sleep(delay)
+        seen.extend(m.content for m in messages)
+        return {}
+
+    return handler
 
 
 async def test_burst_drains_in_batches_and_deletes_after_handler(storage: Storage, settings_env: Settings) -> None:
@@ -122,3 +169,126 @@ async def test_lease_is_renewed_for_long_work(storage: Storage, settings_env: Se
     await listener.run()
     assert calls == 1  # never redelivered while being worked on
     assert (await queue.get_queue_properties()).approximate_message_count == 0
+
+
+FAST_IDLE = {"min_idle_interval": 0.0, "max_idle_interval": 0.4, "backoff_delta": 0.05}
+
+
+async def test_pull_mode_scales_up_on_detected_work_and_down_to_one(storage: Storage, settings_env: Settings) -> None:
+    seen: list[str] = []
+    listener = _listener(storage, settings_env, _recorder(seen, 0.05), burst=False, max_tasks=4, **FAST_IDLE)
+    runner = asyncio.create_task(listener.run())
+    await _until(lambda: listener.state().idle_polls >= 3)  # idling with its one task
+    assert listener.state().active_tasks == 1
+    await _send(storage, settings_env, 300)
+    await _until(lambda: len(seen) == 300)
+    assert listener.state().peak_tasks == 4  # 300 waiting → ⌈300 / 32⌉ = 10, capped at max_tasks
+    await _until(lambda: listener.state().active_tasks == 1)  # idle tasks left, the last one stays
+    idle = listener.state().idle_polls
+    await asyncio.sleep(1.0)
+    assert listener.state().active_tasks == 1 and listener.state().idle_polls > idle  # still polling
+    listener.close()
+    await runner
+    assert sorted(seen) == sorted(f"m{i}" for i in range(300))
+
+
+async def test_push_mode_scales_to_zero_and_up_on_a_trigger(storage: Storage, settings_env: Settings) -> None:
+    seen: list[str] = []
+    listener = _listener(
+        storage, settings_env, _recorder(seen, 0.05), burst=False, max_tasks=3, push=True, safety_poll_interval=3600, **FAST_IDLE
+    )
+    runner = asyncio.create_task(listener.run())
+    await _until(lambda: listener.state().idle_polls >= 1 and listener.state().active_tasks == 0)
+    requests = listener.state().requests
+    await asyncio.sleep(1.0)
+    assert listener.state().requests == requests  # at zero tasks nothing polls
+    await _send(storage, settings_env, 200)
+    listener.wake(200)
+    assert listener.state().active_tasks == 3  # started at once by the rule, no poll needed
+    await _until(lambda: len(seen) == 200)
+    await _until(lambda: listener.state().active_tasks == 0)
+    listener.close()
+    await runner
+    assert listener.state().processed == 200
+
+
+async def test_push_mode_safety_poll_finds_work_without_a_trigger(storage: Storage, settings_env: Settings) -> None:
+    seen: list[str] = []
+    listener = _listener(
+        storage, settings_env, _recorder(seen), burst=False, push=True, safety_poll_interval=0.5, **FAST_IDLE
+    )
+    runner = asyncio.create_task(listener.run())
+    await _until(lambda: listener.state().active_tasks == 0)
+    await _send(storage, settings_env, 5)  # no trigger: a lost hint
+    await _until(lambda: len(seen) == 5, timeout=10)
+    listener.close()
+    await runner
+
+
+async def test_graceful_stop_finishes_in_flight_work_once(storage: Storage, settings_env: Settings) -> None:
+    seen: list[str] = []
+    started = asyncio.Event()
+
+    async def slow(messages: list[QueueMessage]) -> Mapping[str, str]:
+        started.set()
+        await asyncio.sleep(1.0)
+        seen.extend(m.content for m in messages)
+        return {}
+
+    await _send(storage, settings_env, 100)
+    listener = _listener(storage, settings_env, slow, burst=False, max_tasks=2, **FAST_IDLE)
+    runner = asyncio.create_task(listener.run())
+    await started.wait()
+    listener.close()
+    await asyncio.wait_for(runner, timeout=10)
+    assert 0 < len(seen) < 100  # what was in flight finished; nothing new was taken
+    first = list(seen)
+    rest = _listener(storage, settings_env, _recorder(seen), max_tasks=1)
+    await rest.run()
+    assert sorted(seen) == sorted(f"m{i}" for i in range(100))  # none lost, none twice
+    assert len(first) == listener.state().processed
+
+
+async def test_next_receive_overlaps_processing(storage: Storage, settings_env: Settings) -> None:
+    windows: list[tuple[float, float]] = []
+    loop = asyncio.get_running_loop()
+
+    async def handler(messages: list[QueueMessage]) -> Mapping[str, str]:
+        begun = loop.time()
+        await asyncio.sleep(0.5)
+        windows.append((begun, loop.time()))
+        return {}
+
+    await _send(storage, settings_env, 64)
+    listener = _listener(storage, settings_env, handler, max_tasks=1)
+    await listener.run()
+    (first_start, first_end), (second_start, _) = windows
+    # The second batch was received while the first was being handled: it starts right away.
+    assert second_start - first_end < 0.1
+    assert listener.state().processed == 64
+
+
+async def test_receive_errors_are_reported_and_the_task_goes_on(storage: Storage, settings_env: Settings) -> None:
+    seen: list[str] = []
+    listener = _listener(storage, settings_env, _recorder(seen), burst=False, **FAST_IDLE)
+    queue = storage.queue(settings_env.requests_queue)
+    real_receive = queue.receive_messages
+    failures = 2
+
+    def flaky(**kwargs):  # type: ignore[no-untyped-def]
+        nonlocal failures
+        if failures:
+            failures -= 1
+            raise ConnectionResetError("injected: connection reset")
+        return real_receive(**kwargs)
+
+    queue.receive_messages = flaky  # type: ignore[method-assign]
+    try:
+        await _send(storage, settings_env, 3)
+        runner = asyncio.create_task(listener.run())
+        await _until(lambda: len(seen) == 3, timeout=20)
+        listener.close()
+        await runner
+    finally:
+        del queue.receive_messages
+    assert failures == 0 and listener.state().task_errors == 0

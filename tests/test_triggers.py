@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import subprocess
 import sys
 import time
 import uuid
@@ -99,12 +101,6 @@ class Subscriber:
 
 
 @pytest.fixture
-async def storage(settings_env: Settings) -> AsyncIterator[Storage]:
-    async with Storage(settings_env) as storage:
-        yield storage
-
-
-@pytest.fixture
 def container(settings_env: Settings) -> str:
     return f"{settings_env.queue_prefix}-triggers"
 
@@ -140,14 +136,15 @@ async def test_local_bus_between_processes(storage: Storage, container: str) -> 
 
 
 async def test_local_bus_in_process_and_stale_registrations(storage: Storage, container: str) -> None:
-    """Subscribing after start registers; a registration not refreshed for 3 × refresh is skipped
-    and deleted; the subscriber list is cached between publishes."""
-    stale = json.dumps({"host": "127.0.0.1", "port": 9, "pid": 1, "registered_at": 0.0, "refresh": 60.0})
+    """Subscribing after start registers; a registration not refreshed for 3 × refresh, or whose
+    process is gone, is skipped and deleted; the subscriber list is cached between publishes."""
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     await storage.container(container).create_container()
-    await storage.container(container).upload_blob(
-        "subscribers/crashed", stale.encode(),
-        metadata={"host": "127.0.0.1", "port": "9", "pid": "1", "registered_at": "0", "refresh": "60"},
-    )
+    for name, pid, refresh in (("missed-refreshes", os.getpid(), "60"), ("crashed", int(gone.stdout), "0")):
+        record = {"host": "127.0.0.1", "port": "9", "pid": str(pid), "registered_at": "0", "refresh": refresh}
+        await storage.container(container).upload_blob(
+            f"subscribers/{name}", json.dumps(record).encode(), metadata=record
+        )
     got: list[TriggerEvent] = []
     async with LocalTriggerBus(storage=storage, container=container, refresh=0.2) as bus:
         bus.subscribe(got.append)

@@ -4,8 +4,33 @@
 :class:`LocalTriggerBus` is the local default (loopback UDP, registered in blob storage).
 """
 
+from __future__ import annotations
+
+from datetime import timedelta
+
+from ..settings import Settings
+from ..storage import Storage
 from .base import TriggerBus, TriggerEvent, TriggerHandler
 from .local import LocalTriggerBus
 from .servicebus import ServiceBusTriggerBus
 
-__all__ = ["LocalTriggerBus", "ServiceBusTriggerBus", "TriggerBus", "TriggerEvent", "TriggerHandler"]
+
+def trigger_bus(settings: Settings, storage: Storage) -> TriggerBus | None:
+    """The trigger bus the settings ask for (``None`` when triggers are off); not started yet."""
+    mode = settings.trigger_mode
+    if mode == "none":
+        return None
+    if mode == "local":
+        return LocalTriggerBus(storage=storage, container=settings.trigger_container)
+    connection = settings.servicebus_connection_string
+    return ServiceBusTriggerBus(
+        connection_string=connection.get_secret_value() if connection else None,
+        namespace=None if connection else settings.servicebus_namespace,
+        topic=settings.trigger_topic,
+        subscription=settings.trigger_subscription,
+        create_subscription=settings.trigger_create_subscription,
+        auto_delete_on_idle=timedelta(seconds=settings.trigger_auto_delete_on_idle),
+    )
+
+
+__all__ = ["LocalTriggerBus", "ServiceBusTriggerBus", "TriggerBus", "TriggerEvent", "TriggerHandler", "trigger_bus"]

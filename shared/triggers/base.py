@@ -11,7 +11,7 @@ import abc
 import asyncio
 import json
 import logging
-from collections.abc import Callable, Coroutine, Iterable
+from collections.abc import Callable, Coroutine, Iterable, Mapping
 from dataclasses import asdict, dataclass
 from types import TracebackType
 from typing import Any
@@ -70,6 +70,13 @@ class TriggerBus(abc.ABC):
         """Announce several events at once (backends may send them in one request)."""
         for event in events:
             await self.publish(event)
+
+    async def announce(self, account: str, counts: Mapping[str, tuple[int, int]]) -> None:
+        """Publish one event per queue of ``account``: queue → (messages, transactions) enqueued."""
+        await self.publish_many(
+            TriggerEvent(account=account, queue=queue, messages=messages, transactions=transactions)
+            for queue, (messages, transactions) in counts.items()
+        )
 
     def subscribe(self, handler: TriggerHandler) -> None:
         """Deliver every received event to ``handler`` (before or after :meth:`start`)."""

@@ -2,11 +2,13 @@
 
 Each subscriber binds a UDP socket on loopback and registers it as the blob
 ``subscribers/<instance_id>`` in a container of the storage account the pipeline already uses
-(content and metadata: ``host``, ``port``, ``pid``, ``registered_at``, ``refresh``). It
-re-registers every ``refresh`` seconds and deletes its blob on close. A publisher lists the
-registrations (one list request, cached for ``cache_ttl`` seconds), skips those not refreshed for
-three of their refresh periods (deleting them) and sends each subscriber the event as one datagram.
-Datagrams may be lost: these are at-most-once hints, and the listener's safety poll covers a loss.
+(content and metadata: ``host``, ``port``, ``pid``, ``registered_at``, ``refresh``) and deletes it
+on close. A publisher lists the registrations (one list request, cached for ``cache_ttl`` seconds),
+drops those whose process is gone (every subscriber is on this machine, so its pid says so) or,
+when the subscriber re-registers every ``refresh`` seconds, that missed three refreshes, and sends
+each live subscriber the event as one datagram. An idle subscriber makes no request at all unless
+``refresh`` is set. Datagrams may be lost: these are at-most-once hints, and the listener's safety
+poll covers a loss.
 """
 
 from __future__ import annotations
@@ -70,12 +72,12 @@ class LocalTriggerBus(TriggerBus):
         container: str = "billing-triggers",
         instance_id: str | None = None,
         host: str = "127.0.0.1",
-        refresh: float = 60.0,
+        refresh: float | None = None,
         cache_ttl: float = 5.0,
     ) -> None:
         super().__init__()
-        if refresh <= 0:
-            raise ValueError("refresh must be positive")
+        if refresh is not None and refresh <= 0:
+            raise ValueError("refresh must be positive (or None for no re-registration)")
         self._storage = storage
         self._container = storage.container(container)
         self.instance_id = instance_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
@@ -141,7 +143,8 @@ class LocalTriggerBus(TriggerBus):
             self._recv_transport.close()
             self._recv_transport, self._receiving = None, False
             raise InfrastructureError(f"cannot register trigger subscriber: {exc}") from exc
-        self._spawn(self._refresh_loop(), f"local-trigger-refresh-{self.instance_id}")
+        if self._refresh is not None:
+            self._spawn(self._refresh_loop(), f"local-trigger-refresh-{self.instance_id}")
 
     async def _register(self) -> None:
         address = self.address
@@ -151,7 +154,7 @@ class LocalTriggerBus(TriggerBus):
             "port": address[1],
             "pid": os.getpid(),
             "registered_at": time.time(),
-            "refresh": self._refresh,
+            "refresh": self._refresh or 0,
         }
         await self._container.upload_blob(
             self.blob_name,
@@ -162,6 +165,7 @@ class LocalTriggerBus(TriggerBus):
         self._registered = True
 
     async def _refresh_loop(self) -> None:
+        assert self._refresh is not None
         while True:
             await asyncio.sleep(self._refresh)
             try:
@@ -208,8 +212,9 @@ class LocalTriggerBus(TriggerBus):
             async for blob in self._container.list_blobs(name_starts_with=_PREFIX, include=["metadata"]):
                 try:
                     meta = blob.metadata or {}
-                    age = now - float(meta["registered_at"])
-                    if age > _STALE_PERIODS * float(meta.get("refresh", self._refresh)):
+                    refresh = float(meta.get("refresh") or 0)
+                    missed = refresh > 0 and now - float(meta["registered_at"]) > _STALE_PERIODS * refresh
+                    if missed or not _alive(int(meta["pid"])):
                         stale.append(blob.name)
                         continue
                     peers.append((meta["host"], int(meta["port"])))
@@ -241,3 +246,14 @@ class LocalTriggerBus(TriggerBus):
             if transport is not None:
                 transport.close()
         self._recv_transport = self._send_transport = None
+
+
+def _alive(pid: int) -> bool:
+    """Whether a process of this machine with ``pid`` exists."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
