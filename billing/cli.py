@@ -16,7 +16,7 @@ from shared.errors import BillingError
 from shared.sample import generate, write_price_book, write_tax_table
 from shared.settings import Settings
 
-from . import bench, client, demo, progress, runtime
+from . import bench, client, demo, listenbench, progress, runtime
 from .stack import AzuriteStack
 
 console = Console(stderr=True)
@@ -146,6 +146,15 @@ def reference_command(out_dir: Path) -> None:
 def demo_command(rows: int, seed: int) -> None:
     """Run the whole pipeline locally on a sample batch and print the results."""
     demo.run(rows=rows, seed=seed, console=console)
+
+
+@cli.command("bench-listener")
+@click.option("--trials", default=50, show_default=True, help="Trigger wake-ups timed per backend.")
+@click.option("--idle-seconds", default=60.0, show_default=True, help="Idle window measured per mode.")
+@click.option("--output", type=click.Path(dir_okay=False, path_type=Path), default=Path("bench-listener.json"))
+def bench_listener_command(trials: int, idle_seconds: float, output: Path) -> None:
+    """Measure trigger wake-up latency, idle requests per hour and scaling of the listener."""
+    listenbench.run(trials=trials, idle_seconds=idle_seconds, output=output, console=console)
 
 
 @cli.command("bench")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import re
@@ -55,8 +54,8 @@ def resolve(settings: Settings | None = None, **overrides: Any) -> Settings:
 
 
 async def run_role(role: str, settings: Settings, *, burst: bool) -> None:
-    """Run one role until a signal (or, with ``burst``, until drained); leave its final state
-    (requests made, peak memory) in ``home/state/<role>-<pid>.json``."""
+    """Run one role until a signal (or, with ``burst``, until drained), keeping its state
+    (listeners, requests made, peak memory) in ``home/state/<role>-<pid>.json``."""
     async with Storage(settings) as storage:
         await storage.ensure_all()
         # Burst runs drain and exit: nothing to wake.
@@ -77,9 +76,5 @@ async def run_role(role: str, settings: Settings, *, burst: bool) -> None:
 
             return Controller(store=Store(settings.sql_url_value), **options)
 
-        service = await serve(build)
-    state = service.state()
-    logging.getLogger(role).info("stopped; storage requests: %s", state["requests"])
-    state_dir = settings.home / "state"
-    state_dir.mkdir(parents=True, exist_ok=True)
-    (state_dir / f"{role}-{os.getpid()}.json").write_text(json.dumps(state, indent=2))
+        service = await serve(build, state_file=settings.home / "state" / f"{role}-{os.getpid()}.json")
+    logging.getLogger(role).info("stopped; storage requests: %s", service.state()["requests"])

@@ -162,6 +162,7 @@ class QueueListener:
         self._burst = burst
         self._stopping = asyncio.Event()
         self._changed = asyncio.Event()
+        self._wakeup = asyncio.Event()  # set (and replaced) by each trigger: cuts idle sleeps short
         self._tasks: set[asyncio.Task[None]] = set()
         self._in_flight: dict[str, QueueMessage] = {}
         self._lease_lock = asyncio.Lock()
@@ -231,9 +232,13 @@ class QueueListener:
         self._changed.set()
 
     def wake(self, depth: int | None = None) -> None:
-        """Work detected from outside (a trigger): scale up for ``depth`` messages."""
-        if not self._stopping.is_set():
-            self._scale_to(depth if depth is not None else self._settings.dequeue_batch_size)
+        """Work detected from outside (a trigger): idle tasks poll now, and the rule scales the
+        listener up for ``depth`` messages."""
+        if self._stopping.is_set():
+            return
+        self._wakeup.set()
+        self._wakeup = asyncio.Event()
+        self._scale_to(depth if depth is not None else self._settings.dequeue_batch_size)
 
     def _safety_delay(self) -> float:
         return self._settings.safety_poll_interval * random.uniform(0.8, 1.2)
@@ -298,7 +303,7 @@ class QueueListener:
                     self._idle_polls += 1
                     if self._burst or ((probe or at_idle_cap(idle, self._settings)) and self._leave()):
                         return
-                    await self._sleep(idle_delay(idle, self._settings))
+                    await self._sleep(idle_delay(idle, self._settings), wakeup=self._wakeup)
                     continue
                 if idle or probe:
                     probe = False
@@ -417,11 +422,15 @@ class QueueListener:
                     message.pop_receipt = renewed.pop_receipt
                     message.next_visible_on = renewed.next_visible_on
 
-    async def _sleep(self, seconds: float) -> None:
+    async def _sleep(self, seconds: float, *, wakeup: asyncio.Event | None = None) -> None:
+        """Sleep, ending early when the listener stops (or ``wakeup`` is set)."""
+        events = [self._stopping, *([wakeup] if wakeup is not None else [])]
+        waiters = [asyncio.ensure_future(event.wait()) for event in events]
         try:
-            await asyncio.wait_for(self._stopping.wait(), timeout=seconds)
-        except TimeoutError:
-            pass
+            await asyncio.wait(waiters, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for waiter in waiters:
+                waiter.cancel()
 
 
 def listener_settings(settings: Settings, *, push: bool, queues: int = 1, **overrides: object) -> ListenerSettings:

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import resource
 import signal
 from collections.abc import Awaitable, Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 from .listener import SCALE_RULES, Handler, QueueListener, listener_settings
@@ -17,6 +19,8 @@ from .storage import Storage
 from .triggers import TriggerBus
 
 log = logging.getLogger(__name__)
+
+STATE_INTERVAL = 2.0  # seconds between refreshes of a role's state file
 
 
 class Service:
@@ -65,13 +69,15 @@ class Service:
             if listener.name == event.queue:
                 listener.wake(event.messages)
 
-    async def run(self) -> None:
-        """Run every listener; return when all have stopped (burst: drained)."""
+    async def run(self, *, state_file: Path | None = None) -> None:
+        """Run every listener; return when all have stopped (burst: drained). With ``state_file``,
+        keep :meth:`state` there as JSON, refreshed every few seconds and at the end."""
         if self.triggers is not None:
             await self.triggers.start()
-        tasks = {asyncio.create_task(listener.run(), name=listener.name) for listener in self.listeners}
+        listeners = [asyncio.create_task(listener.run(), name=listener.name) for listener in self.listeners]
+        tasks = [*listeners, *([asyncio.create_task(self._keep_state(state_file))] if state_file else [])]
         try:
-            await asyncio.gather(*tasks)
+            await asyncio.gather(*listeners)
         finally:
             for task in tasks:
                 task.cancel()
@@ -79,6 +85,19 @@ class Service:
             if self.triggers is not None:
                 await self.triggers.close()
             await self.aclose()
+            if state_file is not None:
+                self._write_state(state_file)
+
+    async def _keep_state(self, state_file: Path) -> None:
+        while True:
+            self._write_state(state_file)
+            await asyncio.sleep(STATE_INTERVAL)
+
+    def _write_state(self, state_file: Path) -> None:
+        state_file.parent.mkdir(parents=True, exist_ok=True)
+        partial = state_file.with_suffix(".tmp")
+        partial.write_text(json.dumps(self.state(), indent=2))
+        partial.replace(state_file)  # readers never see half a file
 
     def close(self) -> None:
         """Stop receiving; in-flight batches finish and :meth:`run` returns."""
@@ -105,7 +124,7 @@ def peak_rss_mib(*, children: bool = False) -> float:
     return round(resource.getrusage(who).ru_maxrss / 1024, 1)
 
 
-async def serve(build: Callable[[], Awaitable[Service]]) -> Service:
+async def serve(build: Callable[[], Awaitable[Service]], *, state_file: Path | None = None) -> Service:
     """Build a service and run it until SIGINT/SIGTERM; a second signal exits at once.
 
     A hard exit leaves nothing half-done: unacknowledged messages reappear after their
@@ -127,7 +146,7 @@ async def serve(build: Callable[[], Awaitable[Service]]) -> Service:
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, on_signal, signum)
     try:
-        await service.run()
+        await service.run(state_file=state_file)
     finally:
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(signum)

@@ -292,3 +292,16 @@ async def test_receive_errors_are_reported_and_the_task_goes_on(storage: Storage
     finally:
         del queue.receive_messages
     assert failures == 0 and listener.state().task_errors == 0
+
+
+async def test_a_trigger_cuts_an_idle_sleep_short(storage: Storage, settings_env: Settings) -> None:
+    seen: list[str] = []
+    # After its first empty poll the task sleeps at least ten minutes: only wake() can bring it back.
+    listener = _listener(storage, settings_env, _recorder(seen), burst=False, min_idle_interval=600, max_idle_interval=3600)
+    runner = asyncio.create_task(listener.run())
+    await _until(lambda: listener.state().idle_polls == 1)
+    await _send(storage, settings_env, 3)
+    listener.wake(3)
+    await _until(lambda: len(seen) == 3)
+    listener.close()
+    await runner

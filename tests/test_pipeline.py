@@ -7,11 +7,13 @@ from __future__ import annotations
 import asyncio
 import csv
 import json
+import time
 import subprocess
 import sys
 from collections import defaultdict
 from decimal import Decimal
 from pathlib import Path
+from collections.abc import Iterator
 from typing import Any
 
 import pyarrow.parquet as pq
@@ -23,6 +25,7 @@ from shared.settings import Settings
 from shared.storage import Storage
 
 import reference_model as model
+from servicebus_broker import ServiceBusTestBroker
 
 ROWS = 4_000
 
@@ -135,3 +138,31 @@ def test_batches_in_every_format_come_out_exact(pipeline_env: Settings, tmp_path
         assert len(rejects) > 0, "the sample carries defects, so rejects are exercised"
     # A full 3,000-row item (~100 KB encoded) cannot travel inline; the short last one and 300-row items can.
     assert work_blobs(pipeline_env) == (len(batches) if pipeline_env.work_item_size == 3_000 else 0)
+
+
+@pytest.fixture(params=["local", "servicebus"])
+def trigger_env(settings_env: Settings, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> Iterator[Settings]:
+    """Roles that, once idle, sleep at least ten minutes between polls: only a trigger wakes them."""
+    monkeypatch.setenv("BILLING_MIN_IDLE_INTERVAL", "600")
+    monkeypatch.setenv("BILLING_MAX_IDLE_INTERVAL", "3600")
+    monkeypatch.setenv("BILLING_SAFETY_POLL_INTERVAL", "3600")
+    if request.param == "local":
+        yield Settings()
+        return
+    # The test broker stands in for Azure Service Bus at the wire (see tests/servicebus_broker.py);
+    # it creates each instance's subscription when the instance attaches.
+    with ServiceBusTestBroker(topic=Settings().trigger_topic) as broker:
+        monkeypatch.setenv("BILLING_SERVICEBUS_CONNECTION_STRING", broker.connection_string)
+        monkeypatch.setenv("BILLING_TRIGGER_CREATE_SUBSCRIPTION", "false")
+        yield Settings()
+
+
+def test_idle_roles_are_woken_by_triggers(trigger_env: Settings, tmp_path: Path) -> None:
+    path = tmp_path / "batch.csv"
+    generate(2_000, path, seed=9)
+    with role_processes(trigger_env, tmp_path / "logs") as processes:
+        time.sleep(3)  # every role has polled once and gone to sleep for ten minutes
+        billing("submit", str(path), "--batch-id", "woken", "--wait", "--timeout", "120")
+    assert [p.returncode for p in processes] == [0, 0, 0]
+    status = json.loads(billing("status", "woken", "--json").stdout)
+    assert status["state"] == "complete" and status["rows"] == 2_000
