@@ -1,8 +1,12 @@
-"""``billing bench``: one large batch through the local pipeline, measured.
+"""``billing bench``: the pipeline measured on the local stack, optimised against the naive design.
 
-Measures end-to-end throughput (accepted → complete), storage requests per 1,000 transactions
-as counted by every process's own request counter (all roles plus the submitting client), and
-each role's peak resident memory. Every run uses a fresh Azurite and SQLite under a scratch home.
+In one invocation: a large batch through the optimised pipeline (throughput, latency, memory); one
+same smaller batch through the optimised pipeline and through the naive mode (one transaction per
+message, one message per receive, delete on receive, fixed 1 s polling, no triggers); the listener's
+idle cost and trigger wake-up latency (:mod:`billing.listenbench`); optionally the scaling curve over
+partitions and processor processes. Storage requests are what every process's own request counter
+(an SDK pipeline policy) saw, all roles plus the submitting client. Every run gets a fresh Azurite
+and SQLite under a scratch home. Prints one table, writes it as JSON and draws a PNG chart.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any, Literal
 
 from pydantic import SecretStr
 from rich.console import Console
@@ -22,34 +27,58 @@ from controller.store import Store
 from shared.sample import generate, write_price_book, write_tax_table
 from shared.settings import Settings
 
-from . import client, progress
+from . import client, listenbench, progress
 from .demo import role_processes
 from .stack import AzuriteStack
+
+Mode = Literal["optimised", "naive"]
+
+#: What a first version would do (settings, so the same code runs both designs).
+NAIVE: dict[str, Any] = {
+    "work_item_size": 1,
+    "dequeue_batch_size": 1,
+    "dequeue_tasks": 1,
+    "delete_on_receive": True,
+    "min_idle_interval": 1.0,
+    "max_idle_interval": 1.0,
+    "trigger_backend": "none",
+}
+SCALING_PARTITIONS = (1, 2, 4, 8)
+SCALING_PROCESSORS = (1, 2, 3)
 
 
 @dataclass(frozen=True)
 class PipelineRun:
+    mode: Mode
     rows: int
+    partitions: int
+    processors: int
     accepted: int
     work_items: int
     latency_seconds: float
     transactions_per_second: float
     storage_requests: int
     requests_per_1000: float
+    setup_requests: int  # creating queues and containers: once per process start, not per transaction
+    work_requests_per_1000: float  # without the setup
     requests_by_kind: dict[str, int]
     peak_rss_mib: dict[str, float]
 
 
-def run_pipeline(rows: int, *, data_dir: Path, console: Console, partitions: int = 4) -> PipelineRun:
+@dataclass(frozen=True)
+class BenchReport:
+    main: PipelineRun
+    optimised: PipelineRun
+    naive: PipelineRun
+    listener: listenbench.ListenerBench
+    scaling: list[PipelineRun]
+
+
+def run_pipeline(
+    rows: int, *, data_dir: Path, console: Console, mode: Mode = "optimised", partitions: int = 4, processors: int = 1
+) -> PipelineRun:
     """Generate (or reuse) a ``rows``-row CSV and time it through a fresh local pipeline."""
-    data_dir.mkdir(parents=True, exist_ok=True)
-    batch = data_dir / f"bench-{rows}.csv"
-    if not batch.exists():
-        with console.status(f"generating {rows:,} rows"):
-            generate(rows, batch, seed=42)
-    pricebook, taxes = data_dir / "pricebook.csv", data_dir / "taxes.csv"
-    write_price_book(pricebook)
-    write_tax_table(taxes)
+    batch = _batch_file(rows, data_dir, console)
     with tempfile.TemporaryDirectory(prefix="billing-bench-") as scratch:
         home = Path(scratch)
         stack = AzuriteStack(home=home, persist=False)
@@ -57,10 +86,13 @@ def run_pipeline(rows: int, *, data_dir: Path, console: Console, partitions: int
             home=home,
             storage_connection_string=SecretStr(stack.start()),
             partitions=partitions,
+            **(NAIVE if mode == "naive" else {}),
         )
         try:
-            with role_processes(settings, home / "logs"):
-                submission = asyncio.run(client.submit(settings, batch, pricebook=pricebook, taxes=taxes))
+            with role_processes(settings, home / "logs", processors=processors):
+                submission = asyncio.run(
+                    client.submit(settings, batch, pricebook=data_dir / "pricebook.csv", taxes=data_dir / "taxes.csv")
+                )
                 with Store(settings.sql_url_value) as store:
                     status = progress.wait_with_progress(store, submission.batch_id, console=console)
             states = [json.loads(p.read_text()) for p in sorted((home / "state").glob("*.json"))]
@@ -72,40 +104,114 @@ def run_pipeline(rows: int, *, data_dir: Path, console: Console, partitions: int
         for kind, count in state["requests"].items():
             by_kind[kind] = by_kind.get(kind, 0) + count
         rss[state["role"]] = max(state["peak_rss_mib"], rss.get(state["role"], 0.0))
-        if state["peak_child_rss_mib"]:
-            rss[f"{state['role']} worker"] = state["peak_child_rss_mib"]
+        if state["role"] == "processor":  # its rating workers, reaped by the time the final state is written
+            rss["rating worker"] = max(state["peak_child_rss_mib"], rss.get("rating worker", 0.0))
     total = by_kind.pop("total")
+    setup = sum(count for kind, count in by_kind.items() if kind.endswith(".admin"))
     latency = float(status.latency_seconds or 0.0)
     return PipelineRun(
+        mode=mode,
         rows=rows,
+        partitions=partitions,
+        processors=processors,
         accepted=status.accepted,
         work_items=status.work_items or 0,
         latency_seconds=round(latency, 2),
         transactions_per_second=round(status.accepted / latency) if latency else 0.0,
         storage_requests=total,
         requests_per_1000=round(1000 * total / max(1, status.accepted), 3),
+        setup_requests=setup,
+        work_requests_per_1000=round(1000 * (total - setup) / max(1, status.accepted), 3),
         requests_by_kind=by_kind,
         peak_rss_mib=rss,
     )
 
 
-def run(*, rows: list[int], data_dir: Path, output: Path | None, console: Console) -> list[PipelineRun]:
-    """Run the pipeline benchmark for each size and print one table."""
-    results = []
-    for size in rows:
-        started = time.monotonic()
-        results.append(run_pipeline(size, data_dir=data_dir, console=console))
-        console.print(f"{size:,} rows measured in {time.monotonic() - started:.0f} s")
-    table = Table(title="Pipeline benchmark (local Azurite + SQLite)")
-    for column in ("rows", "tx/s (accepted→complete)", "latency s", "requests", "req / 1,000 tx", "peak RSS MiB"):
-        table.add_column(column, justify="right")
-    for r in results:
-        table.add_row(
-            f"{r.rows:,}", f"{r.transactions_per_second:,.0f}", f"{r.latency_seconds:.1f}", f"{r.storage_requests:,}",
-            f"{r.requests_per_1000:.2f}", ", ".join(f"{k} {v:.0f}" for k, v in r.peak_rss_mib.items()),
-        )
+def _batch_file(rows: int, data_dir: Path, console: Console) -> Path:
+    data_dir.mkdir(parents=True, exist_ok=True)
+    batch = data_dir / f"bench-{rows}.csv"
+    if not batch.exists():
+        with console.status(f"generating {rows:,} rows"):
+            generate(rows, batch, seed=42)
+    write_price_book(data_dir / "pricebook.csv")
+    write_tax_table(data_dir / "taxes.csv")
+    return batch
+
+
+def run(
+    *, rows: int, compare_rows: int, idle_seconds: float, scaling_rows: int | None, data_dir: Path, output: Path,
+    console: Console,
+) -> BenchReport:  # fmt: skip
+    """Every measurement; prints the table, writes ``output`` (JSON) and the chart next to it (PNG)."""
+    started = time.monotonic()
+    main = run_pipeline(rows, data_dir=data_dir, console=console)
+    optimised = run_pipeline(compare_rows, data_dir=data_dir, console=console)
+    with console.status(f"naive design, {compare_rows:,} transactions"):
+        naive = run_pipeline(compare_rows, data_dir=data_dir, console=console, mode="naive")
+    listener = listenbench.measure(trials=20, idle_seconds=idle_seconds, console=console)
+    scaling = [
+        run_pipeline(scaling_rows, data_dir=data_dir, console=console, partitions=p, processors=n)
+        for n in SCALING_PROCESSORS
+        for p in SCALING_PARTITIONS
+    ] if scaling_rows else []  # fmt: skip
+    report = BenchReport(main, optimised, naive, listener, scaling)
+    _print(report, console)
+    output.write_text(json.dumps(asdict(report), indent=2))
+    chart = output.with_suffix(".png")
+    _chart(report, chart)
+    console.print(f"wrote {output} and {chart} in {time.monotonic() - started:.0f} s")
+    return report
+
+
+def _print(report: BenchReport, console: Console) -> None:
+    table = Table(title="Benchmark (local Azurite + SQLite, this machine)")
+    table.add_column("measure")
+    for run_ in (report.main, report.optimised, report.naive):
+        table.add_column(f"{run_.mode}, {run_.rows:,} tx", justify="right")
+    runs = (report.main, report.optimised, report.naive)
+    rows: list[tuple[str, list[str]]] = [
+        ("transactions / s (accepted → complete)", [f"{r.transactions_per_second:,.0f}" for r in runs]),
+        ("batch latency s", [f"{r.latency_seconds:.1f}" for r in runs]),
+        ("storage requests", [f"{r.storage_requests:,}" for r in runs]),
+        ("storage requests / 1,000 tx", [f"{r.requests_per_1000:,.2f}" for r in runs]),
+        ("  without setup (queue/container creation)", [f"{r.work_requests_per_1000:,.2f}" for r in runs]),
+        ("peak RSS MiB", [", ".join(f"{k} {v:.0f}" for k, v in r.peak_rss_mib.items()) for r in runs]),
+    ]
+    idle = report.listener.idle_requests_per_hour
+    rows.append(("idle requests / hour / processor", [f"{idle['push (local bus)']:,.0f} (push)", f"{idle['pull (back-off to 10 s)']:,.0f} (pull)", f"{idle['naive 1 s polling']:,.0f}"]))
+    wake = report.listener.wake_latency_ms
+    rows.append(("trigger wake-up latency ms (p50 / p95)", [", ".join(f"{b} {w['p50']:.0f}/{w['p95']:.0f}" for b, w in wake.items()), "", "none (polls)"]))
+    for label, values in rows:
+        table.add_row(label, *values)
     console.print(table)
-    if output is not None:
-        output.write_text(json.dumps([asdict(r) for r in results], indent=2))
-        console.print(f"wrote {output}")
-    return results
+    ratio = report.naive.work_requests_per_1000 / report.optimised.work_requests_per_1000
+    console.print(f"on the same batch the naive design makes {ratio:,.0f}× the storage requests per transaction (setup excluded)")
+    if report.scaling:
+        curve = Table(title=f"Scaling: transactions / s, {report.scaling[0].rows:,} tx")
+        curve.add_column("processors \\ partitions")
+        for p in SCALING_PARTITIONS:
+            curve.add_column(str(p), justify="right")
+        for n in SCALING_PROCESSORS:
+            curve.add_row(str(n), *(f"{r.transactions_per_second:,.0f}" for r in report.scaling if r.processors == n))
+        console.print(curve)
+
+
+def _chart(report: BenchReport, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    names = ["optimised", "naive"]
+    left.bar(names, [report.optimised.work_requests_per_1000, report.naive.work_requests_per_1000], color=["tab:green", "tab:red"])
+    left.set_yscale("log")
+    left.set_title("storage requests per 1,000 transactions")
+    idle = report.listener.idle_requests_per_hour
+    right.bar(["push", "pull", "naive"], [idle["push (local bus)"], idle["pull (back-off to 10 s)"], idle["naive 1 s polling"]],
+              color=["tab:green", "tab:blue", "tab:red"])  # fmt: skip
+    right.set_yscale("log")
+    right.set_title("idle requests per hour per processor")
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+from dataclasses import asdict
 from pathlib import Path
 
 import click
@@ -16,7 +17,7 @@ from shared.errors import BillingError
 from shared.sample import generate, write_price_book, write_tax_table
 from shared.settings import Settings
 
-from . import bench, client, demo, listenbench, progress, runtime
+from . import bench, client, demo, listenbench, poison, progress, runtime
 from .stack import AzuriteStack
 
 console = Console(stderr=True)
@@ -119,6 +120,57 @@ def report(kind: str, batch_id: str, fmt: str, output: Path | None) -> None:
         click.echo(text)
 
 
+@cli.group("poison")
+def poison_group() -> None:
+    """Inspect, replay and purge messages that could not be processed."""
+
+
+def _poison_targets(ids: tuple[str, ...], queue: str | None, every: bool) -> tuple[Settings, list[str], list[str] | None]:
+    settings = runtime.resolve()
+    if not ids and not every:
+        raise click.UsageError("name entry or message ids, or pass --all")
+    return settings, [queue] if queue else settings.all_queues, list(ids) or None
+
+
+@poison_group.command("list")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def poison_list(as_json: bool) -> None:
+    """Per queue: how many messages were poisoned, and the first ones with their reasons."""
+    found = asyncio.run(poison.overview(runtime.resolve()))
+    if as_json:
+        click.echo(json.dumps([{"queue": q, "count": n, "entries": [asdict(e) for e in entries]} for q, n, entries in found], indent=2))
+    else:
+        poison.print_overview(found, Console())
+
+
+def _poison_action(action: poison.Action, verb: str) -> click.Command:
+    @click.argument("ids", nargs=-1)
+    @click.option("--queue", help="Only this pipeline queue (default: all of them).")
+    @click.option("--all", "every", is_flag=True, help="Every entry of the chosen queues.")
+    def command(ids: tuple[str, ...], queue: str | None, every: bool) -> None:
+        settings, queues, chosen = _poison_targets(ids, queue, every)
+        entries = asyncio.run(poison.act(settings, action, queues=queues, ids=chosen))
+        if action == "show":
+            click.echo(json.dumps([asdict(e) for e in entries], indent=2))
+        else:
+            click.echo(f"{verb} {len(entries)} poisoned message(s)")
+            for entry in entries:
+                click.echo(f"  {entry.queue} {entry.message_id}: {entry.reason}")
+        if ids and not entries:
+            raise click.ClickException("no poisoned message has those ids")
+
+    command.__doc__ = {
+        "show": "Print entries (by entry id or original message id) in full, as JSON.",
+        "replay": "Send entries back to the queue they came from (after fixing the cause), then remove them.",
+        "purge": "Remove entries for good.",
+    }[action]
+    return poison_group.command(action)(command)
+
+
+for _action, _verb in (("show", "showed"), ("replay", "replayed"), ("purge", "purged")):
+    _poison_action(_action, _verb)
+
+
 @cli.command("generate")
 @click.option("--rows", type=int, required=True)
 @click.option("--seed", type=int, default=0)
@@ -158,12 +210,18 @@ def bench_listener_command(trials: int, idle_seconds: float, output: Path) -> No
 
 
 @cli.command("bench")
-@click.option("--rows", type=int, multiple=True, default=[1_000_000], show_default=True, help="Batch size (repeatable).")
+@click.option("--rows", type=int, default=1_000_000, show_default=True, help="The large batch (optimised pipeline).")
+@click.option("--compare-rows", type=int, default=5_000, show_default=True, help="The batch run through both designs.")
+@click.option("--idle-seconds", type=float, default=60.0, show_default=True, help="Idle window measured per mode.")
+@click.option("--scaling-rows", type=int, help="Also measure partitions 1/2/4/8 × processors 1/2/3 with this batch.")
 @click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path), default=Path(".billing/bench-data"))
 @click.option("--output", type=click.Path(dir_okay=False, path_type=Path), default=Path("bench-results.json"))
-def bench_command(rows: tuple[int, ...], data_dir: Path, output: Path) -> None:
-    """Measure throughput, storage requests per 1,000 transactions and peak memory."""
-    bench.run(rows=list(rows), data_dir=data_dir, output=output, console=console)
+def bench_command(rows: int, compare_rows: int, idle_seconds: float, scaling_rows: int | None, data_dir: Path, output: Path) -> None:
+    """Measure the pipeline against the naive design: throughput, requests, idle cost, memory (JSON + PNG)."""
+    bench.run(
+        rows=rows, compare_rows=compare_rows, idle_seconds=idle_seconds, scaling_rows=scaling_rows, data_dir=data_dir,
+        output=output, console=console,
+    )  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -13,9 +13,10 @@ from pathlib import Path
 
 from azure.core.exceptions import ResourceExistsError
 
-from controller.store import BatchStatus, Store
+from controller.store import FINAL_STATES, BatchStatus, Store
 from shared.batchfile import detect_format, read_chunks
 from shared.envelope import ClaimCheck
+from shared.errors import FileRefused
 from shared.protocol import BatchRequest, request_envelope
 from shared.reference import load_price_book, load_tax_table
 from shared.refstore import PRICEBOOK, TAXES, ReferenceStore
@@ -23,9 +24,6 @@ from shared.sample import sample_price_book_bytes, sample_tax_table_bytes
 from shared.settings import Settings
 from shared.storage import Storage
 from shared.triggers import trigger_bus
-
-#: States in which a batch will not change any more.
-FINAL_STATES = frozenset({"complete", "complete_with_errors", "failed", "refused"})
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +61,9 @@ async def submit(
     taxes: Path | None = None,
 ) -> Submission:
     """Check ``path`` and hand it over: inbox blob, reference data, batch request message."""
+    size = path.stat().st_size
+    if size > settings.max_file_bytes:
+        raise FileRefused(f"{path.name} is {size:,} bytes, over the limit of {settings.max_file_bytes:,} (BILLING_MAX_FILE_BYTES)")
     with path.open("rb") as file:
         fmt = detect_format(path.name, file.read(4096))
     await asyncio.to_thread(check_readable, path, fmt)

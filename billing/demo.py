@@ -22,21 +22,16 @@ from shared.settings import Settings
 
 from . import client, progress, runtime
 
-ROLES = ("initiator", "processor", "controller")
-
-
 @contextmanager
-def role_processes(settings: Settings, log_dir: Path) -> Iterator[list[subprocess.Popen[bytes]]]:
-    """Start initiator, processor and controller as separate processes; stop them gracefully."""
-    env = {**os.environ, "BILLING_HOME": str(settings.home)}
-    assert settings.storage_connection_string is not None
-    env["BILLING_STORAGE_CONNECTION_STRING"] = settings.storage_connection_string.get_secret_value()
-    env["BILLING_SQL_URL"] = settings.sql_url_value
+def role_processes(settings: Settings, log_dir: Path, *, processors: int = 1) -> Iterator[list[subprocess.Popen[bytes]]]:
+    """Start initiator, ``processors`` processors and controller as separate processes with
+    ``settings``; stop them gracefully."""
+    env = {**os.environ, **settings.as_env()}
     log_dir.mkdir(parents=True, exist_ok=True)
     processes = []
     try:
-        for role in ROLES:
-            log = (log_dir / f"{role}.log").open("ab")
+        for number, role in enumerate(["initiator", *["processor"] * processors, "controller"]):
+            log = (log_dir / f"{role}-{number}.log").open("ab")
             processes.append(subprocess.Popen([sys.executable, "-m", role], env=env, stdout=log, stderr=log))
         yield processes
     finally:

@@ -56,7 +56,17 @@ class ListenerBench:
 
 
 def run(*, trials: int, idle_seconds: float, output: Path | None, console: Console) -> ListenerBench:
-    """Run every measurement on a fresh local Azurite and print one table."""
+    """Run every measurement and print one table."""
+    result = measure(trials=trials, idle_seconds=idle_seconds, console=console)
+    _print(result, Settings(), console)
+    if output is not None:
+        output.write_text(json.dumps(asdict(result), indent=2))
+        console.print(f"wrote {output}")
+    return result
+
+
+def measure(*, trials: int, idle_seconds: float, console: Console) -> ListenerBench:
+    """Every measurement, on a fresh local Azurite."""
     with tempfile.TemporaryDirectory(prefix="billing-listener-bench-") as scratch:
         home = Path(scratch)
         stack = AzuriteStack(home=home, persist=False)
@@ -72,12 +82,7 @@ def run(*, trials: int, idle_seconds: float, output: Path | None, console: Conso
                 idle = _idle_requests(settings, idle_seconds)
         finally:
             stack.stop()
-    result = ListenerBench(latency, idle, idle_seconds, up, tasks, down)
-    _print(result, settings, console)
-    if output is not None:
-        output.write_text(json.dumps(asdict(result), indent=2))
-        console.print(f"wrote {output}")
-    return result
+    return ListenerBench(latency, idle, idle_seconds, up, tasks, down)
 
 
 # --- wake-up latency ------------------------------------------------------------------------
@@ -154,12 +159,12 @@ async def _scaling(settings: Settings, messages: int = 2_000) -> tuple[float, in
     starts and how soon the first batch is in; once drained, seconds until it is back at zero
     (default idle settings: the back-off has to reach ``max_idle_interval`` first)."""
     done = asyncio.Event()
-    handled: list[float] = []  # when each batch reached the handler
+    handled: list[tuple[float, int]] = []  # when each batch reached the handler, and its size
 
     async def handler(batch: list[QueueMessage]) -> Mapping[str, str]:
-        handled.append(time.perf_counter())
+        handled.append((time.perf_counter(), len(batch)))
         await asyncio.sleep(0.01 * len(batch))  # 10 ms of work per message
-        if listener.state().processed + len(batch) >= messages:
+        if sum(size for _, size in handled) >= messages:
             done.set()
         return {}
 
@@ -168,20 +173,22 @@ async def _scaling(settings: Settings, messages: int = 2_000) -> tuple[float, in
         await storage.ensure(queues=[queue])
         listener = _listener(storage, settings, queue, handler, push=True, max_tasks=16, safety_poll_interval=3600)
         runner = asyncio.create_task(listener.run())
-        await _until_idle(listener)
+        while not listener.state().active_tasks:  # started ...
+            await asyncio.sleep(0.01)
+        await _until_idle(listener)  # ... and idled down to zero tasks
         client = storage.queue(queue)
         for start in range(0, messages, 200):
             await asyncio.gather(*(client.send_message("x") for _ in range(start, min(messages, start + 200))))
         woken = time.perf_counter()
         listener.wake(messages)
-        tasks = listener.state().active_tasks
         await done.wait()
+        tasks = listener.state().peak_tasks
         drained = time.perf_counter()
         await _until_idle(listener)
         down = time.perf_counter() - drained
         listener.close()
         await runner
-    return round(handled[0] - woken, 4), tasks, round(down, 1)
+    return round(handled[0][0] - woken, 4), tasks, round(down, 1)
 
 
 async def _until_idle(listener: QueueListener) -> None:

@@ -151,6 +151,16 @@ class AzuriteStack:
         with self._locked():
             self._stop_locked()
 
+    def restart(self, *, down_for: float = 0.0) -> str:
+        """Stop, stay down ``down_for`` seconds, start again on the same ports (the data survives when
+        persisted), so clients keep their connection string across the outage; returns it."""
+        state = self._read_state()
+        self.stop()
+        time.sleep(down_for)
+        if state is not None:
+            self.blob_port, self.queue_port = int(str(state["blob_port"])), int(str(state["queue_port"]))
+        return self.start()
+
     def running(self) -> bool:
         """Whether the process named by the state file is alive with both ports open."""
         return self._live_state() is not None
@@ -278,6 +288,11 @@ class PostgresServer:
         except StackError as exc:
             log = self.log_file.read_text(errors="replace")[-2000:] if self.log_file.exists() else ""
             raise StackError(f"{exc}\n{self.log_file}:\n{log}") from exc
+        return self.url
+
+    @property
+    def url(self) -> str:
+        """The SQLAlchemy URL of the ``postgres`` database (once started)."""
         return f"postgresql+psycopg://postgres@127.0.0.1:{self.port}/postgres"
 
     def stop(self) -> None:

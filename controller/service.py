@@ -12,7 +12,7 @@ from shared.envelope import ClaimCheck
 from shared.errors import PoisonMessage
 from shared.messages import Manifest, WorkItemResult
 from shared.poison import PoisonQueue
-from shared.protocol import MANIFEST, parse_manifest, parse_results
+from shared.protocol import MANIFEST, POISONED, PoisonNotice, parse_manifest, parse_poisoned, parse_results
 from shared.service import Service
 from shared.settings import Settings
 from shared.storage import Storage
@@ -35,25 +35,31 @@ class Controller(Service):
         self.store = store
         self.claim_check = ClaimCheck(storage, container=settings.work_container, limit=settings.max_message_bytes)
         # SQL writes serialise per batch anyway: one dequeue task, full batches.
-        self.listen(settings.results_queue, self.handle, poison=PoisonQueue(storage, self.claim_check), max_tasks=1)
+        poison = PoisonQueue(storage, self.claim_check, notify=settings.results_queue)
+        self.listen(settings.results_queue, self.handle, poison=poison, max_tasks=1)
 
     async def handle(self, messages: list[QueueMessage]) -> Mapping[str, str]:
         poisoned: dict[str, str] = {}
         manifests: list[Manifest] = []
         results: list[WorkItemResult] = []
+        notices: list[PoisonNotice] = []
         for message in messages:
             try:
                 envelope = await self.claim_check.unpack(message.content)
                 if envelope.kind == MANIFEST:
                     manifests.append(parse_manifest(envelope))
+                elif envelope.kind == POISONED:
+                    notices.append(parse_poisoned(envelope))
                 else:
                     results.extend(parse_results(envelope))
             except PoisonMessage as exc:
                 poisoned[message.id] = str(exc)
-        if manifests or results:
-            outcome = await asyncio.to_thread(self.store.apply, manifests, results)
+        if manifests or results or notices:
+            outcome = await asyncio.to_thread(self.store.apply, manifests, results, notices)
             for batch_id in outcome.completed_batches:
                 log.info("batch %s complete", batch_id)
+            for batch_id in outcome.failed_batches:
+                log.error("batch %s failed: work items went to a poison queue (see `billing poison list`)", batch_id)
         # Committed: the listener may now delete these messages.
         return poisoned
 

@@ -1,8 +1,8 @@
 """The SQL store: records manifests and partial aggregates idempotently, and tracks batch progress.
 
 Batch states: ``processing`` until every work item is accounted for; then ``complete`` (all recorded) or
-``failed`` (at least one work item was poisoned and will never be recorded); ``refused`` when the
-initiator refused the file. Final states never change again. A batch whose work items are all in has
+``failed`` (at least one work item was poisoned; replaying it from the poison queue can still complete
+the batch); ``refused`` when the initiator refused the file. ``complete`` and ``refused`` never change. A batch whose work items are all in has
 ``completed_at`` and ``latency_seconds`` (``completed_at - accepted_at``) set.
 
 Concurrency: every write locks the affected batch rows first (``SELECT ... FOR UPDATE`` in batch id
@@ -30,10 +30,12 @@ from sqlalchemy.dialects import postgresql, sqlite
 
 from shared.errors import ConfigurationError, InfrastructureError
 from shared.messages import Manifest, WorkItemResult
+from shared.protocol import PoisonNotice
 
 from .schema import EXACT, aggregates, batches, rejects, work_items
 
 MIGRATIONS = Path(__file__).with_name("migrations")
+#: States a batch rests in (only a replay of its poisoned items moves a ``failed`` batch on).
 FINAL_STATES = frozenset({"complete", "failed", "refused"})
 
 _MIGRATION_LOCK = 0x62696C6C  # PostgreSQL advisory lock key ("bill")
@@ -80,6 +82,7 @@ class ApplyOutcome:
     new_items: int
     duplicate_items: int
     completed_batches: list[str] = field(default_factory=list)
+    failed_batches: list[str] = field(default_factory=list)
 
 
 class Store:
@@ -124,11 +127,15 @@ class Store:
 
     # -- writes ---------------------------------------------------------------------------------------
 
-    def apply(self, manifests: Sequence[Manifest], results: Sequence[WorkItemResult]) -> ApplyOutcome:
-        """Record manifests and work item results in ONE transaction, idempotently.
+    def apply(
+        self, manifests: Sequence[Manifest], results: Sequence[WorkItemResult], poisoned: Sequence[PoisonNotice] = ()
+    ) -> ApplyOutcome:
+        """Record manifests, work item results and poison notices in ONE transaction, idempotently.
 
         A work item already recorded is skipped entirely; a manifest already recorded changes nothing.
         Results may precede their manifest: the batch then waits in ``processing`` with unknown size.
+        A poisoned work item counts as accounted for (its batch ends ``failed``) until its result
+        arrives after a replay: it is then recorded like any other and the batch can still complete.
         """
         first_manifests: dict[str, Manifest] = {}
         for manifest in manifests:
@@ -136,7 +143,10 @@ class Store:
         first_results: dict[str, WorkItemResult] = {}
         for result in results:
             first_results.setdefault(result.work_item_id, result)
-        batch_ids = sorted(set(first_manifests) | {r.batch_id for r in first_results.values()})
+        notices = {n.work_item_id: n for n in reversed(poisoned) if n.work_item_id not in first_results}
+        batch_ids = sorted(
+            set(first_manifests) | {r.batch_id for r in first_results.values()} | {n.batch_id for n in notices.values()}
+        )
         if not batch_ids:
             return ApplyOutcome(new_items=0, duplicate_items=0)
 
@@ -149,49 +159,46 @@ class Store:
                     _fill_from_manifest(rows[manifest.batch_id], manifest)
                     _insert_rejects(conn, manifest)
 
-            recorded = _recorded_work_items(conn, list(first_results))
+            recorded = _recorded_work_items(conn, [*first_results, *notices])
             new = [r for r in first_results.values() if r.work_item_id not in recorded]
-            for chunk in _chunks(new, _CHUNK):
+            recovered = [r for r in first_results.values() if recorded.get(r.work_item_id) is not None]
+            fresh_poison = [n for n in notices.values() if n.work_item_id not in recorded]
+            records = [
+                {"work_item_id": r.work_item_id, "batch_id": r.batch_id, "transactions": r.transactions, "recorded_at": now}
+                for r in new
+            ] + [
+                {"work_item_id": n.work_item_id, "batch_id": n.batch_id, "transactions": 0, "recorded_at": now, "poison_reason": n.reason}
+                for n in fresh_poison
+            ]
+            for chunk in _chunks(records, _CHUNK):
+                conn.execute(sa.insert(work_items), [{"poison_reason": None, **record} for record in chunk])
+            for result in recovered:
                 conn.execute(
-                    sa.insert(work_items),
-                    [
-                        {"work_item_id": r.work_item_id, "batch_id": r.batch_id, "transactions": r.transactions, "recorded_at": now}
-                        for r in chunk
-                    ],
+                    sa.update(work_items)
+                    .where(work_items.c.work_item_id == result.work_item_id)
+                    .values(transactions=result.transactions, recorded_at=now, poison_reason=None)
                 )
-            for result in new:
+                rows[result.batch_id]["poisoned_items"] -= 1
+            for result in new + recovered:
                 rows[result.batch_id]["completed_items"] += 1
                 rows[result.batch_id]["transactions_recorded"] += result.transactions
-            _merge_aggregates(conn, new)
+            for notice in fresh_poison:
+                rows[notice.batch_id]["poisoned_items"] += 1
+            _merge_aggregates(conn, new + recovered)
 
-            completed = []
+            completed, failed = [], []
             for batch_id, row in rows.items():
                 _settle(row, now)
                 if row != before[batch_id]:
                     _update_batch(conn, row, now)
-                    if row["state"] == "complete" and before[batch_id]["state"] != "complete":
-                        completed.append(batch_id)
-        return ApplyOutcome(new_items=len(new), duplicate_items=len(results) - len(new), completed_batches=completed)
-
-    def mark_poisoned(self, batch_id: str, work_item_id: str, reason: str) -> bool:
-        """Count a work item that can never be processed; returns False if it was already recorded.
-
-        Once every other work item is in, a batch with poisoned items becomes ``failed``.
-        """
-        now = datetime.now(UTC)
-        with self._write() as conn:
-            row = self._lock_batches(conn, [batch_id], now)[batch_id]
-            if _recorded_work_items(conn, [work_item_id]):
-                return False
-            conn.execute(
-                sa.insert(work_items).values(
-                    work_item_id=work_item_id, batch_id=batch_id, transactions=0, recorded_at=now, poison_reason=reason
-                )
-            )
-            row["poisoned_items"] += 1
-            _settle(row, now)
-            _update_batch(conn, row, now)
-        return True
+                    if row["state"] != before[batch_id]["state"]:
+                        {"complete": completed, "failed": failed}.get(row["state"], []).append(batch_id)
+        return ApplyOutcome(
+            new_items=len(new) + len(recovered),
+            duplicate_items=len(results) - len(new) - len(recovered),
+            completed_batches=completed,
+            failed_batches=failed,
+        )
 
     # -- reads ----------------------------------------------------------------------------------------
 
@@ -285,10 +292,12 @@ def _chunks(items: Sequence[T], size: int) -> Iterator[Sequence[T]]:
         yield items[start : start + size]
 
 
-def _recorded_work_items(conn: sa.Connection, ids: list[str]) -> set[str]:
-    found: set[str] = set()
+def _recorded_work_items(conn: sa.Connection, ids: list[str]) -> dict[str, str | None]:
+    """Work item id → its poison reason (None when it was recorded normally), for those recorded."""
+    found: dict[str, str | None] = {}
     for chunk in _chunks(ids, _CHUNK):
-        found.update(conn.scalars(sa.select(work_items.c.work_item_id).where(work_items.c.work_item_id.in_(chunk))))
+        query = sa.select(work_items.c.work_item_id, work_items.c.poison_reason).where(work_items.c.work_item_id.in_(chunk))
+        found.update((row.work_item_id, row.poison_reason) for row in conn.execute(query))
     return found
 
 
@@ -360,8 +369,9 @@ def _add(sums: dict[tuple[str, str, str, date], list[Any]], key: tuple[str, str,
 
 
 def _settle(row: dict[str, Any], now: datetime) -> None:
-    """Move a batch to its final state once every work item is accounted for."""
-    if row["state"] in FINAL_STATES:
+    """Move a batch to its final state once every work item is accounted for (``failed`` may
+    still become ``complete`` when its poisoned items are replayed)."""
+    if row["state"] in FINAL_STATES - {"failed"}:
         return
     if row["refused_reason"] is not None:
         state = "refused"
@@ -369,6 +379,8 @@ def _settle(row: dict[str, Any], now: datetime) -> None:
         return
     else:
         state = "failed" if row["poisoned_items"] else "complete"
+    if state == row["state"]:
+        return
     row["state"] = state
     row["completed_at"] = now
     row["latency_seconds"] = (now - row["accepted_at"]).total_seconds() if row["accepted_at"] else None

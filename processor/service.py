@@ -38,7 +38,7 @@ class Processor(Service):
         self._pool = ProcessPoolExecutor(
             max_workers=settings.cpu_workers, mp_context=multiprocessing.get_context("forkserver")
         )
-        poison = PoisonQueue(storage, self.claim_check)
+        poison = PoisonQueue(storage, self.claim_check, notify=settings.results_queue)
         for name in settings.input_queues:
             self.listen(name, self.handle, poison=poison, queues=settings.partitions)
 

@@ -32,6 +32,16 @@ class Envelope:
     payload: bytes = b""
 
 
+def peek_headers(text: str) -> tuple[str, dict[str, Any]] | None:
+    """A message's kind and headers without fetching or checking its payload; None if unreadable."""
+    try:
+        message = json.loads(text)
+        kind, headers = message["kind"], message["headers"]
+    except (ValueError, KeyError, TypeError):
+        return None
+    return (kind, headers) if isinstance(kind, str) and isinstance(headers, dict) else None
+
+
 class ClaimCheck:
     """Packs envelopes into queue message text, overflowing large payloads to blob storage."""
 

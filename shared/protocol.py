@@ -13,7 +13,7 @@ from .envelope import Envelope
 from .errors import PoisonMessage
 from .messages import PARTIAL_SCHEMA, REJECT_SCHEMA, Manifest, WorkItemResult
 
-REQUEST, WORK, RESULTS, MANIFEST = "request", "work", "results", "manifest"
+REQUEST, WORK, RESULTS, MANIFEST, POISONED = "request", "work", "results", "manifest", "poisoned"
 T = TypeVar("T")
 
 
@@ -95,6 +95,36 @@ def parse_results(envelope: Envelope) -> list[WorkItemResult]:
     if offset != table.num_rows:
         raise PoisonMessage("bad_results", "partials and item headers disagree")
     return results
+
+
+@dataclass(frozen=True)
+class PoisonNotice:
+    """Tells the controller that a work item went to a poison queue and why."""
+
+    batch_id: str
+    work_item_id: str
+    reason: str
+
+
+def poisoned_envelope(notice: PoisonNotice) -> Envelope:
+    return Envelope(POISONED, dict(notice.__dict__))
+
+
+def parse_poisoned(envelope: Envelope) -> PoisonNotice:
+    return _build(PoisonNotice, _expect(envelope, POISONED))
+
+
+def work_items_named(kind: str, headers: dict[str, Any]) -> list[tuple[str, str]]:
+    """``(batch_id, work_item_id)`` of every work item a message carries, from its headers alone
+    (so a message whose payload is unreadable can still be attributed); empty if none can be told."""
+    try:
+        if kind == WORK:
+            return [(str(headers["batch_id"]), str(headers["work_item_id"]))]
+        if kind == RESULTS:
+            return [(str(item["batch_id"]), str(item["work_item_id"])) for item in headers["items"]]
+    except (KeyError, TypeError):
+        pass
+    return []
 
 
 def manifest_envelope(manifest: Manifest) -> Envelope:

@@ -39,6 +39,7 @@ class Settings(BaseSettings):
     # Work items.
     work_item_size: int = Field(default=1000, ge=1, le=100_000)
     max_message_bytes: int = Field(default=64 * 1024, ge=1024)
+    max_file_bytes: int = Field(default=50 * 1024**3, ge=1)  # a batch file larger than this is refused
 
     # Listener (names follow the whitepaper; see README for host.json equivalents).
     dequeue_batch_size: int = Field(default=32, ge=1, le=32)
@@ -72,6 +73,16 @@ class Settings(BaseSettings):
     max_concurrent_sends: int = Field(default=32, ge=1)
     cpu_workers: int = Field(default_factory=lambda: max(1, os.cpu_count() or 1))
 
+    def as_env(self) -> dict[str, str]:
+        """Every setting given explicitly, as ``BILLING_*`` variables for a child process (secrets
+        included: hand them to processes, never print them)."""
+        env = {"BILLING_HOME": str(self.home), "BILLING_SQL_URL": self.sql_url_value}
+        for name in self.model_fields_set - {"home", "sql_url"}:
+            value = getattr(self, name)
+            if value is not None:
+                env[f"BILLING_{name.upper()}"] = str(value.get_secret_value() if isinstance(value, SecretStr) else value)
+        return env
+
     @property
     def input_queues(self) -> list[str]:
         """The partitioned input queues, ``<prefix>-input-0..N-1``."""
@@ -91,6 +102,11 @@ class Settings(BaseSettings):
         return [self.requests_queue, *self.input_queues, self.results_queue]
 
     @property
+    def poison_queues(self) -> list[str]:
+        """The poison queue beside each queue."""
+        return [poison_queue_name(queue) for queue in self.all_queues]
+
+    @property
     def all_containers(self) -> list[str]:
         return [self.inbox_container, self.work_container, self.reference_container]
 
@@ -107,3 +123,8 @@ class Settings(BaseSettings):
         if self.sql_url is not None:
             return self.sql_url.get_secret_value()
         return f"sqlite:///{self.home / 'billing.db'}"
+
+
+def poison_queue_name(queue: str) -> str:
+    """``<queue>-poison``: where the messages of ``queue`` that can never be processed go."""
+    return f"{queue}-poison"

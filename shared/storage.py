@@ -180,7 +180,7 @@ class Storage:
         """Create every queue and container the pipeline uses."""
         s = self.settings
         await self.ensure(
-            queues=[*s.all_queues, *(f"{q}-poison" for q in s.all_queues)],
+            queues=[*s.all_queues, *s.poison_queues],
             containers=s.all_containers,
         )
 

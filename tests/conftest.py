@@ -27,8 +27,8 @@ def azurite(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 
 @pytest.fixture(scope="session")
-def postgres_url() -> Iterator[str]:
-    """A PostgreSQL server for the whole session; yields the SQLAlchemy URL of its ``postgres`` database.
+def postgres_server() -> Iterator[PostgresServer]:
+    """A running PostgreSQL server for the whole session (tests may stop and start it again).
 
     Missing PostgreSQL binaries fail the run under CI (``CI`` set) and skip the test elsewhere.
     """
@@ -36,16 +36,22 @@ def postgres_url() -> Iterator[str]:
     with tempfile.TemporaryDirectory(prefix="billing-pg-") as scratch:
         server = PostgresServer(data_dir=Path(scratch))
         try:
-            url = server.start()
+            server.start()
         except PostgresNotInstalled as exc:
             message = f"{exc} (needed by the PostgreSQL tests)"
             if os.environ.get("CI"):
                 pytest.fail(message)
             pytest.skip(message)
         try:
-            yield url
+            yield server
         finally:
             server.stop()
+
+
+@pytest.fixture(scope="session")
+def postgres_url(postgres_server: PostgresServer) -> str:
+    """The SQLAlchemy URL of the session server's ``postgres`` database."""
+    return postgres_server.url
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
@@ -56,7 +62,7 @@ def sql_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
         return
     server = sa.make_url(request.getfixturevalue("postgres_url"))
     name = f"test_{uuid.uuid4().hex[:16]}"
-    admin = sa.create_engine(server, isolation_level="AUTOCOMMIT")
+    admin = sa.create_engine(server, isolation_level="AUTOCOMMIT", pool_pre_ping=True)  # the server may restart
     try:
         with admin.connect() as conn:
             conn.execute(sa.text(f'CREATE DATABASE "{name}"'))

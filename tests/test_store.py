@@ -20,6 +20,7 @@ import sqlalchemy as sa
 from controller import reports
 from controller.store import Store
 from shared.messages import PARTIAL_SCHEMA, REJECT_SCHEMA, Manifest, WorkItemResult
+from shared.protocol import PoisonNotice
 
 BIG = 9 * 10**18  # three of these pass 2^63
 
@@ -219,13 +220,22 @@ def test_refused_manifest(store: Store) -> None:
     assert [s.batch_id for s in store.batches()] == ["b1"]
 
 
-def test_poisoned_item_fails_the_batch_once_the_rest_is_in(store: Store) -> None:
+def test_poisoned_item_fails_the_batch_until_a_replay_completes_it(store: Store) -> None:
     store.apply([manifest(work_items=2, accepted=2)], [result("w1")])
-    assert store.mark_poisoned("b1", "w2", "bad_results") is True
-    assert store.mark_poisoned("b1", "w2", "bad_results") is False
+    notice = PoisonNotice("b1", "w2", "unknown_reference_data")
+    assert store.apply([], [], [notice]).failed_batches == ["b1"]
+    assert store.apply([], [], [notice]).failed_batches == []  # a repeated notice changes nothing
     status = store.batch("b1")
     assert status is not None and (status.state, status.poisoned_items, status.completed_items) == ("failed", 1, 1)
-    assert store.apply([], [result("w2")]).duplicate_items == 1
+    assert status.transactions_recorded == 1
+
+    replayed = store.apply([], [result("w2")])
+    assert (replayed.new_items, replayed.duplicate_items, replayed.completed_batches) == (1, 0, ["b1"])
+    status = store.batch("b1")
+    assert status is not None and (status.state, status.poisoned_items, status.completed_items) == ("complete", 0, 2)
+    assert status.transactions_recorded == 2
+    assert store.apply([], [result("w2")], [notice]).duplicate_items == 1  # late copies of either change nothing
+    assert store.batch("b1") == status
 
 
 def test_migrations_are_idempotent_and_safe_concurrently(sql_url: str) -> None:

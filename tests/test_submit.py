@@ -59,6 +59,19 @@ def test_unreadable_file_is_refused_and_nothing_is_enqueued(
     assert asyncio.run(_queued_and_inbox(settings_env)) == (0, 0)
 
 
+def test_a_file_over_the_size_limit_is_refused_before_it_is_read(
+    settings_env: Settings, tmp_path: Path, product: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "big.csv"
+    path.write_text(HEADER + GOOD_ROW.format(product=product) * 100)
+    monkeypatch.setenv("BILLING_MAX_FILE_BYTES", str(path.stat().st_size - 1))
+    result = billing("submit", str(path))
+    assert result.returncode != 0 and "over the limit" in result.stderr and "Traceback" not in result.stderr
+    assert asyncio.run(_queued_and_inbox(settings_env)) == (0, 0)
+    monkeypatch.setenv("BILLING_MAX_FILE_BYTES", str(path.stat().st_size))
+    assert billing("submit", str(path)).returncode == 0
+
+
 def test_resubmitting_a_batch_changes_nothing_and_says_so(settings_env: Settings, tmp_path: Path, product: str) -> None:
     path = tmp_path / "batch.csv"
     path.write_text(HEADER + GOOD_ROW.format(product=product))
