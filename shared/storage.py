@@ -69,6 +69,11 @@ class RequestCounter:
         self.counts: Counter[str] = Counter()
         self.by_resource: Counter[str] = Counter()
 
+    def add(self, kind: str, resource: str) -> None:
+        """Count one request of ``kind`` on ``resource`` (for clients without a pipeline policy)."""
+        self.counts[kind] += 1
+        self.by_resource[resource] += 1
+
     def policy(self, service: str) -> SansIOHTTPPolicy:  # type: ignore[type-arg]
         """A pipeline policy for one service's clients; it runs once per attempt (after retry)."""
         return _CountingPolicy(self, service)
@@ -89,8 +94,7 @@ class _CountingPolicy(SansIOHTTPPolicy):  # type: ignore[type-arg]
 
     def on_request(self, request: PipelineRequest) -> None:  # type: ignore[type-arg]
         http = request.http_request
-        self._counter.counts[classify(self._service, http.method, http.url)] += 1
-        self._counter.by_resource[resource(http.url)] += 1
+        self._counter.add(classify(self._service, http.method, http.url), resource(http.url))
 
 
 class Storage:

@@ -16,7 +16,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
 
@@ -24,7 +24,7 @@ import pytest
 
 from servicebus_broker import ServiceBusTestBroker
 from shared.settings import Settings
-from shared.storage import Storage
+from shared.storage import RequestCounter, Storage
 from shared.triggers import LocalTriggerBus, ServiceBusTriggerBus, TriggerEvent
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -250,6 +250,28 @@ async def test_servicebus_publish_reaches_every_subscription(broker: ServiceBusT
         for bus, _ in subscribers:
             await bus.close()
     assert broker.stats()["receivers"] == {"a": 0, "b": 0, subscribers[2][0].subscription: 0}
+
+
+async def test_servicebus_operations_are_counted(broker: ServiceBusTestBroker) -> None:
+    """Sends, receives and settlements are billed operations: each is counted, and the counts
+    agree with what the broker saw."""
+    counter = RequestCounter()
+    bus, inbox = await _subscriber(broker, "a", counter=counter)
+    publisher_counter = RequestCounter()
+    publisher = ServiceBusTriggerBus(connection_string=broker.connection_string, topic=TOPIC, counter=publisher_counter,
+                                     **FAST)  # type: ignore[arg-type]
+    try:
+        for i in range(3):
+            await publisher.publish(_event(f"billing-input-{i}"))
+        await inbox.wait_for(3)
+        await _until(lambda: broker.stats().get("settled_accepted") == 3)
+    finally:
+        await publisher.close()
+        await bus.close()
+    assert publisher_counter.counts == {"servicebus.send": broker.stats()["sends"]} == {"servicebus.send": 3}
+    assert counter.counts["servicebus.settle"] == 3
+    assert 3 <= counter.counts["servicebus.receive"] <= 5  # one per message, plus the waits in between
+    assert counter.by_resource[TOPIC] == counter.total
 
 
 async def test_servicebus_subscriber_survives_broker_restart(broker: ServiceBusTestBroker) -> None:

@@ -30,6 +30,7 @@ def trigger_bus(settings: Settings, storage: Storage) -> TriggerBus | None:
         subscription=settings.trigger_subscription,
         create_subscription=settings.trigger_create_subscription,
         auto_delete_on_idle=timedelta(seconds=settings.trigger_auto_delete_on_idle),
+        counter=storage.counter,
     )
 
 

@@ -34,6 +34,7 @@ from azure.servicebus.exceptions import (
 )
 
 from ..errors import ConfigurationError
+from ..storage import RequestCounter
 from .base import TriggerBus, TriggerEvent, TriggerHandler
 
 _LOGGER = logging.getLogger(__name__)
@@ -78,6 +79,7 @@ class ServiceBusTriggerBus(TriggerBus):
         reconnect_initial: float = 0.5,
         reconnect_max: float = 30.0,
         start_timeout: float = 30.0,
+        counter: RequestCounter | None = None,
     ) -> None:
         super().__init__()
         if (connection_string is None) == (namespace is None):
@@ -97,6 +99,7 @@ class ServiceBusTriggerBus(TriggerBus):
         self._reconnect_initial = reconnect_initial
         self._reconnect_max = reconnect_max
         self._start_timeout = start_timeout
+        self._counter = counter or RequestCounter()
         self._credential: Any = None
         self._client: ServiceBusClient | None = None
         self._sender: ServiceBusSender | None = None
@@ -184,6 +187,7 @@ class ServiceBusTriggerBus(TriggerBus):
                     while True:
                         # Not ``async for``: the SDK's iterator ends silently on link errors
                         # (ServerBusy included) where receive_messages raises them.
+                        self._counter.add("servicebus.receive", self.topic)
                         for message in await receiver.receive_messages(1, max_wait_time=_RECEIVE_WAIT):
                             self._handle(message)
                             await self._complete(receiver, message)
@@ -206,6 +210,7 @@ class ServiceBusTriggerBus(TriggerBus):
     async def _complete(self, receiver: ServiceBusReceiver, message: Any) -> None:
         """Settle a handled message; failing that, it may come again (a harmless duplicate hint)."""
         try:
+            self._counter.add("servicebus.settle", self.topic)
             await receiver.complete_message(message)
         except (AzureError, OSError) as exc:
             _LOGGER.info("trigger message not completed on %s (%s); it may be delivered again",
@@ -260,6 +265,7 @@ class ServiceBusTriggerBus(TriggerBus):
             try:
                 if self._sender is None:
                     self._sender = self._client.get_topic_sender(self.topic)
+                self._counter.add("servicebus.send", self.topic)
                 await self._sender.send_messages(messages)
             except _PERMANENT as exc:
                 raise ConfigurationError(f"Service Bus refused sends to {self.topic!r}: {exc}") from exc
