@@ -91,18 +91,22 @@ def submit(file: Path, batch_id: str | None, pricebook: Path | None, taxes: Path
 @click.argument("batch_id", required=False)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def status(batch_id: str | None, as_json: bool) -> None:
-    """Show one batch's state, or every batch."""
+    """Show one batch's state, or every batch and the running roles (dequeue tasks, storage requests)."""
     settings = Settings()
     with Store(settings.sql_url_value) as store:
         found = [store.batch(batch_id)] if batch_id else store.batches()
     if batch_id and found[0] is None:
         raise click.ClickException(f"batch {batch_id} is unknown (not yet debatched, or never submitted)")
     rows = [s.to_json_dict() for s in found if s is not None]
+    roles = [] if batch_id else runtime.role_states(settings)
     if as_json:
-        click.echo(json.dumps(rows[0] if batch_id else rows, indent=2))
-    else:
-        for row in rows:
-            click.echo(" ".join(f"{k}={v}" for k, v in row.items()))
+        click.echo(json.dumps(rows[0] if batch_id else {"batches": rows, "roles": roles}, indent=2))
+        return
+    for row in rows:
+        click.echo(" ".join(f"{k}={v}" for k, v in row.items()))
+    for state in roles:
+        tasks = sum(listener["active_tasks"] for listener in state["listeners"])
+        click.echo(f"{state['role']} pid={state['pid']} dequeue_tasks={tasks} storage_requests={state['requests']}")
 
 
 @cli.command()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
@@ -51,6 +52,20 @@ def resolve(settings: Settings | None = None, **overrides: Any) -> Settings:
         connection = AzuriteStack(home=settings.home).start()
         settings = settings.model_copy(update={"storage_connection_string": SecretStr(connection)})
     return settings
+
+
+def role_states(settings: Settings) -> list[dict[str, Any]]:
+    """The live state of every role process running under ``settings.home`` (listeners, requests
+    made by kind, peak memory), as each keeps it in ``home/state/<role>-<pid>.json``."""
+    states = []
+    for path in sorted((settings.home / "state").glob("*-*.json")):
+        try:
+            state = json.loads(path.read_text())
+            os.kill(int(state["pid"]), 0)
+        except (OSError, ValueError, KeyError):
+            continue  # gone, or being replaced this instant
+        states.append(state)
+    return states
 
 
 async def run_role(role: str, settings: Settings, *, burst: bool) -> None:

@@ -100,9 +100,11 @@ class AzuriteStack:
         blob_port: int | None = None,
         queue_port: int | None = None,
         persist: bool = True,
+        debug_log: Path | None = None,
         timeout: float = 60.0,
     ) -> None:
         self.home = Path(home)
+        self.debug_log = debug_log  # Azurite's own log of every request it receives
         self.host = host
         self.blob_port = blob_port
         self.queue_port = queue_port
@@ -135,6 +137,8 @@ class AzuriteStack:
                 args += ["--location", str(data)]
             else:
                 args.append("--inMemoryPersistence")
+            if self.debug_log is not None:
+                args += ["--debug", str(self.debug_log)]
             with self.log_file.open("ab") as log:
                 log_offset = log.tell()
                 self._proc = subprocess.Popen(

@@ -104,7 +104,8 @@ class PoisonQueue:
         chosen: list[PoisonEntry] = []
         passed: list[QueueMessage] = []
         while True:
-            messages = [m async for m in client.receive_messages(max_messages=32, visibility_timeout=OPERATOR_LEASE_SECONDS)]
+            received = client.receive_messages(messages_per_page=32, max_messages=32, visibility_timeout=OPERATOR_LEASE_SECONDS)
+            messages = [m async for m in received]
             if not messages:
                 break
             for message in messages:

@@ -8,6 +8,7 @@ import logging
 import os
 import resource
 import signal
+from datetime import UTC, datetime
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -111,6 +112,7 @@ class Service:
         return {
             "role": self.name,
             "pid": os.getpid(),
+            "updated_at": datetime.now(UTC).isoformat(),
             "listeners": [listener.state().to_dict() for listener in self.listeners],
             "requests": self.storage.counter.snapshot(),
             "peak_rss_mib": peak_rss_mib(),
