@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import threading
+import time
 from functools import lru_cache
 
 from shared.envelope import Envelope
@@ -10,6 +13,21 @@ from shared.messages import WorkItemResult
 from shared.protocol import WorkHeader, decode_work, results_envelope
 from shared.rating import aggregate
 from shared.reference import PriceBook, TaxTable, load_price_book, load_tax_table
+
+
+def exit_with(owner: int, interval: float = 1.0) -> None:
+    """Worker initializer: exit once the process that owns the pool is gone, even SIGKILLed (a
+    killed owner cannot shut its pool down, and idle workers would otherwise wait forever)."""
+
+    def watch() -> None:
+        while True:
+            time.sleep(interval)
+            try:
+                os.kill(owner, 0)
+            except ProcessLookupError:
+                os._exit(0)
+
+    threading.Thread(target=watch, name="owner-watch", daemon=True).start()
 
 
 @lru_cache(maxsize=16)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import multiprocessing
+import os
 import uuid
 from collections.abc import Mapping
 from concurrent.futures import ProcessPoolExecutor
@@ -21,7 +22,7 @@ from shared.settings import Settings
 from shared.storage import Storage
 from shared.triggers import TriggerBus
 
-from .jobs import rate_work_items
+from .jobs import exit_with, rate_work_items
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +37,10 @@ class Processor(Service):
         self.claim_check = ClaimCheck(storage, container=settings.work_container, limit=settings.max_message_bytes)
         self.references = ReferenceStore(storage, container=settings.reference_container)
         self._pool = ProcessPoolExecutor(
-            max_workers=settings.cpu_workers, mp_context=multiprocessing.get_context("forkserver")
+            max_workers=settings.cpu_workers,
+            mp_context=multiprocessing.get_context("forkserver"),
+            initializer=exit_with,
+            initargs=(os.getpid(),),
         )
         poison = PoisonQueue(storage, self.claim_check, notify=settings.results_queue)
         for name in settings.input_queues:
