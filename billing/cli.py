@@ -16,6 +16,8 @@ from controller.store import BatchStatus, Store
 from shared.errors import BillingError
 from shared.sample import generate, write_price_book, write_tax_table
 from shared.settings import Settings
+from shared.storage import Storage
+from shared.syphon import backlog_depths
 
 from . import bench, client, demo, listenbench, poison, progress, runtime
 from .stack import AzuriteStack
@@ -60,7 +62,7 @@ def _role_command(role: str) -> click.Command:
     return click.command(role)(command)
 
 
-for _role in ROLES:
+for _role in (*ROLES, "syphon"):
     cli.add_command(_role_command(_role))
 
 
@@ -91,22 +93,36 @@ def submit(file: Path, batch_id: str | None, pricebook: Path | None, taxes: Path
 @click.argument("batch_id", required=False)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def status(batch_id: str | None, as_json: bool) -> None:
-    """Show one batch's state, or every batch and the running roles (dequeue tasks, storage requests)."""
+    """Show one batch's state, or every batch, the running roles (dequeue tasks, storage requests,
+    failover state per destination) and, with a secondary account, its backlog."""
     settings = Settings()
     with Store(settings.sql_url_value) as store:
         found = [store.batch(batch_id)] if batch_id else store.batches()
     if batch_id and found[0] is None:
         raise click.ClickException(f"batch {batch_id} is unknown (not yet debatched, or never submitted)")
     rows = [s.to_json_dict() for s in found if s is not None]
-    roles = [] if batch_id else runtime.role_states(settings)
+    if batch_id:
+        click.echo(json.dumps(rows[0], indent=2) if as_json else " ".join(f"{k}={v}" for k, v in rows[0].items()))
+        return
+    roles = runtime.role_states(settings)
+    backlog = asyncio.run(_backlog(runtime.resolve(settings))) if settings.has_secondary else {}
     if as_json:
-        click.echo(json.dumps(rows[0] if batch_id else {"batches": rows, "roles": roles}, indent=2))
+        click.echo(json.dumps({"batches": rows, "roles": roles, "backlog": backlog}, indent=2))
         return
     for row in rows:
         click.echo(" ".join(f"{k}={v}" for k, v in row.items()))
     for state in roles:
         tasks = sum(listener["active_tasks"] for listener in state["listeners"])
         click.echo(f"{state['role']} pid={state['pid']} dequeue_tasks={tasks} storage_requests={state['requests']}")
+        for destination, route in state["failover"].items():
+            click.echo(f"  {destination}: {route['health']} (failovers={route['failovers']}, sent to backlog={route['backlog_sent']})")
+    for queue, depth in backlog.items():
+        click.echo(f"backlog {queue}: {depth} message(s)")
+
+
+async def _backlog(settings: Settings) -> dict[str, int]:
+    async with Storage(settings) as storage:
+        return await backlog_depths(storage)
 
 
 @cli.command()

@@ -94,8 +94,7 @@ async def submit(
         except ResourceExistsError:
             return Submission(batch_id, fmt, duplicate=True, requests=storage.counter.snapshot())
         claim_check = ClaimCheck(storage, container=settings.work_container, limit=settings.max_message_bytes)
-        text = await claim_check.pack(request_envelope(request), blob_name=f"request/{batch_id}")
-        await storage.queue(settings.requests_queue).send_message(text)
+        await claim_check.send(settings.requests_queue, request_envelope(request), blob_name=f"request/{batch_id}")
         await _announce(settings, storage)
         return Submission(batch_id, fmt, duplicate=False, requests=storage.counter.snapshot())
 

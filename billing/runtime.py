@@ -86,6 +86,10 @@ async def run_role(role: str, settings: Settings, *, burst: bool) -> None:
                 from processor.service import Processor
 
                 return Processor(**options)
+            if role == "syphon":
+                from shared.syphon import SyphonService
+
+                return SyphonService(**options)
             from controller.service import Controller
             from controller.store import Store
 

@@ -16,6 +16,7 @@ from shared.protocol import MANIFEST, POISONED, PoisonNotice, parse_manifest, pa
 from shared.service import Service
 from shared.settings import Settings
 from shared.storage import Storage
+from shared.syphon import add_syphon
 from shared.triggers import TriggerBus
 
 from .store import Store
@@ -37,6 +38,8 @@ class Controller(Service):
         # SQL writes serialise per batch anyway: one dequeue task, full batches.
         poison = PoisonQueue(storage, self.claim_check, notify=settings.results_queue)
         self.listen(settings.results_queue, self.handle, poison=poison, max_tasks=1)
+        if storage.secondary is not None and settings.enable_syphon:
+            add_syphon(self)
 
     async def handle(self, messages: list[QueueMessage]) -> Mapping[str, str]:
         poisoned: dict[str, str] = {}

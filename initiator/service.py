@@ -109,10 +109,9 @@ class Initiator(Service):
     async def _send(self, queue: str, header: WorkHeader, encoded: bytes, *, first: bool) -> None:
         """Send one work item; the first on each queue wakes its processors at once."""
         try:
-            text = await self.claim_check.pack(
-                work_envelope(header, encoded), blob_name=f"work/{header.batch_id}/{header.work_item_id}"
+            await self.claim_check.send(
+                queue, work_envelope(header, encoded), blob_name=f"work/{header.batch_id}/{header.work_item_id}"
             )
-            await self.storage.queue(queue).send_message(text)
         finally:
             self._sends.release()
         if first:
@@ -132,8 +131,7 @@ class Initiator(Service):
             rejects=outcome.rejects if outcome else REJECT_SCHEMA.empty_table(),
             refused=refused,
         )
-        text = await self.claim_check.pack(manifest_envelope(manifest), blob_name=f"manifest/{request.batch_id}")
-        await self.storage.queue(self.settings.results_queue).send_message(text)
+        await self.claim_check.send(self.settings.results_queue, manifest_envelope(manifest), blob_name=f"manifest/{request.batch_id}")
         await self.announce({self.settings.results_queue: (1, 0)})
         log.info(
             "batch %s: %d rows, %d accepted, %d rejected, %d work items",

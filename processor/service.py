@@ -69,8 +69,7 @@ class Processor(Service):
         envelope, bad = await loop.run_in_executor(self._pool, rate_work_items, items, references)
         poisoned.update({rated[index].id: reason for index, reason in bad.items()})
         if envelope is not None:
-            text = await self.claim_check.pack(envelope, blob_name=f"results/{uuid.uuid4().hex}")
-            await self.storage.queue(self.settings.results_queue).send_message(text)
+            await self.claim_check.send(self.settings.results_queue, envelope, blob_name=f"results/{uuid.uuid4().hex}")
             await self.announce({self.settings.results_queue: (1, sum(header.rows for header, _ in items))})
         # The results are enqueued: from here the inputs may be deleted.
         return poisoned

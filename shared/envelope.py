@@ -19,6 +19,8 @@ from .errors import PoisonMessage
 from .storage import Storage, content_hash
 
 VERSION = 1
+#: A claim-check reference's ``account`` when the blob was written to the secondary account.
+SECONDARY = "secondary"
 #: Room kept under the queue's message size limit for the storage service's own framing.
 FRAMING_ALLOWANCE = 1024
 
@@ -50,16 +52,22 @@ class ClaimCheck:
         self._container = container
         self._limit = limit - FRAMING_ALLOWANCE
 
-    async def pack(self, envelope: Envelope, *, blob_name: str) -> str:
-        """Message text for ``envelope``; the payload goes to ``blob_name`` if it does not fit."""
+    async def pack(self, envelope: Envelope, *, queue: str, blob_name: str) -> str:
+        """Message text for ``envelope``; the payload goes to ``blob_name`` if it does not fit, in
+        the account that sends to ``queue`` use now (the secondary while it is failed over)."""
         digest = content_hash(envelope.payload)
         message = {"v": VERSION, "kind": envelope.kind, "headers": envelope.headers, "sha256": digest}
         inline = json.dumps({**message, "data": base64.b64encode(envelope.payload).decode()})
         if len(inline) <= self._limit:
             return inline
-        blob = self._storage.container(self._container).get_blob_client(blob_name)
-        await blob.upload_blob(envelope.payload, overwrite=True)
-        return json.dumps({**message, "blob": {"container": self._container, "name": blob_name}})
+        ref = {"container": self._container, "name": blob_name}
+        if await self._storage.upload_for(queue, self._container, blob_name, envelope.payload):
+            ref["account"] = SECONDARY
+        return json.dumps({**message, "blob": ref})
+
+    async def send(self, queue: str, envelope: Envelope, *, blob_name: str) -> None:
+        """Pack ``envelope`` and send it to ``queue`` (through the failover, when configured)."""
+        await self._storage.send(queue, await self.pack(envelope, queue=queue, blob_name=blob_name))
 
     async def unpack(self, text: str) -> Envelope:
         """The envelope in ``text``; raises :class:`PoisonMessage` if it can never be read."""
@@ -72,16 +80,19 @@ class ClaimCheck:
                 payload = base64.b64decode(message["data"], validate=True)
             else:
                 ref = message["blob"]
-                payload = await self._download(ref["container"], ref["name"])
+                payload = await self._download(ref["container"], ref["name"], secondary=ref.get("account") == SECONDARY)
         except (ValueError, KeyError, TypeError, binascii.Error) as exc:
             raise PoisonMessage("bad_envelope", str(exc)) from exc
         if content_hash(payload) != digest:
             raise PoisonMessage("checksum_mismatch", f"payload of {kind} message does not match its sha256")
         return Envelope(kind, headers, payload)
 
-    async def _download(self, container: str, name: str) -> bytes:
+    async def _download(self, container: str, name: str, *, secondary: bool) -> bytes:
+        storage = self._storage.secondary if secondary else self._storage
+        if storage is None:
+            raise PoisonMessage("missing_claim_check", f"blob {container}/{name} is in the secondary account, not configured here")
         try:
-            stream = await self._storage.container(container).download_blob(name)
+            stream = await storage.container(container).download_blob(name)
             return await stream.readall()
         except ResourceNotFoundError as exc:
             raise PoisonMessage("missing_claim_check", f"blob {container}/{name} not found") from exc

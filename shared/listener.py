@@ -29,6 +29,7 @@ from azure.core.exceptions import HttpResponseError, ResourceNotFoundError
 from azure.storage.queue import QueueMessage
 from azure.storage.queue.aio import QueueClient
 
+from .errors import InfrastructureError
 from .poison import PoisonQueue, poison_queue_name
 from .settings import Settings
 from .storage import RequestCounter
@@ -365,9 +366,12 @@ class QueueListener:
         started = time.monotonic()
         try:
             poisoned = await self._handler(batch) or {}
-        except Exception:  # noqa: BLE001 - the batch stays in the queue and is retried
+        except Exception as exc:  # noqa: BLE001 - the batch stays in the queue and is retried
             self._failed_batches += 1
-            log.exception("handler failed on %d messages from %s; they will be redelivered", len(batch), self.name)
+            log.warning(
+                "handler failed on %d messages from %s (%s); they will be redelivered", len(batch), self.name, exc,
+                exc_info=not isinstance(exc, InfrastructureError),  # an outage needs no traceback
+            )  # fmt: skip
             await self._sleep(ERROR_PAUSE_MIN)
             return
         self._observe((time.monotonic() - started) / len(batch))

@@ -67,8 +67,7 @@ class PoisonQueue:
             "inserted_on": message.inserted_on.isoformat() if message.inserted_on else None,
         }
         envelope = Envelope(POISON, headers, str(message.content).encode())
-        text = await self._claim_check.pack(envelope, blob_name=f"{POISON}/{queue}/{message.id}")
-        await self._storage.queue(poison_queue_name(queue)).send_message(text)
+        await self._claim_check.send(poison_queue_name(queue), envelope, blob_name=f"{POISON}/{queue}/{message.id}")
         log.warning("message %s from %s moved to the poison queue: %s", message.id, queue, reason)
         if self._notify is not None:
             await self._tell_controller(self._notify, str(message.content), reason)
@@ -80,8 +79,7 @@ class PoisonQueue:
             log.warning("the poisoned message names no work item; no batch is told")
         for batch_id, work_item_id in items:
             envelope = poisoned_envelope(PoisonNotice(batch_id, work_item_id, reason))
-            text = await self._claim_check.pack(envelope, blob_name=f"{POISON}/notices/{uuid.uuid4().hex}")
-            await self._storage.queue(results_queue).send_message(text)
+            await self._claim_check.send(results_queue, envelope, blob_name=f"{POISON}/notices/{uuid.uuid4().hex}")
 
     async def count(self, queue: str) -> int:
         """About how many messages wait in the poison queue of ``queue``."""
@@ -114,7 +112,7 @@ class PoisonQueue:
                     passed.append(message)
                     continue
                 if action == "replay":
-                    await self._storage.queue(entry.queue).send_message(entry.content)
+                    await self._storage.send(entry.queue, entry.content)
                 if action == "show":
                     passed.append(message)
                 else:

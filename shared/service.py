@@ -42,14 +42,19 @@ class Service:
         if triggers is not None:
             triggers.subscribe(self._on_trigger)
 
-    def listen(self, queue: str, handler: Handler, *, poison: PoisonQueue, queues: int = 1, **overrides: Any) -> QueueListener:
+    def listen(
+        self, queue: str, handler: Handler, *, poison: PoisonQueue, queues: int = 1, storage: Storage | None = None,
+        **overrides: Any,
+    ) -> QueueListener:  # fmt: skip
         """Add a listener on ``queue``, one of the role's ``queues`` listeners (see
-        :func:`~shared.listener.listener_settings`); ``overrides`` adjust its settings."""
+        :func:`~shared.listener.listener_settings`); ``overrides`` adjust its settings. A queue of
+        another account (``storage``) is polled: triggers only name the primary's queues."""
+        push = self.triggers is not None and storage is None
         listener = QueueListener(
-            queue=self.storage.queue(queue),
+            queue=(storage or self.storage).queue(queue),
             handler=handler,
             poison=poison,
-            settings=listener_settings(self.settings, push=self.triggers is not None, queues=queues, **overrides),
+            settings=listener_settings(self.settings, push=push, queues=queues, **overrides),
             scale_rule=SCALE_RULES[self.settings.scale_rule],
             counter=self.storage.counter,
             burst=self.burst,
@@ -115,6 +120,7 @@ class Service:
             "updated_at": datetime.now(UTC).isoformat(),
             "listeners": [listener.state().to_dict() for listener in self.listeners],
             "requests": self.storage.counter.snapshot(),
+            "failover": self.storage.failover.state() if self.storage.failover else {},
             "peak_rss_mib": peak_rss_mib(),
             "peak_child_rss_mib": peak_rss_mib(children=True),
         }

@@ -26,6 +26,15 @@ class Settings(BaseSettings):
     storage_connection_string: SecretStr | None = None
     storage_account_url: str | None = None
 
+    # Send availability: an optional secondary account takes sends a failing primary cannot.
+    secondary_storage_connection_string: SecretStr | None = None
+    secondary_storage_account_url: str | None = None
+    failover_interval: float = Field(default=10.0, ge=0)  # failing this long before failing over; 0 = at once
+    failover_probe_interval: float = Field(default=5.0, gt=0)  # while failed over, try the primary this often
+    backlog_queue_count: int = Field(default=10, ge=1, le=100)
+    enable_syphon: bool = True  # the controller forwards backlog messages to the primary once it answers
+    syphon_idle_interval: float = Field(default=60.0, gt=0)  # longest sleep between empty polls of a backlog queue
+
     # SQL store; default a SQLite file under ``home``.
     sql_url: SecretStr | None = None
 
@@ -100,6 +109,15 @@ class Settings(BaseSettings):
     @property
     def all_queues(self) -> list[str]:
         return [self.requests_queue, *self.input_queues, self.results_queue]
+
+    @property
+    def backlog_queues(self) -> list[str]:
+        """The secondary account's backlog queues, ``<prefix>-backlog-0..N-1``."""
+        return [f"{self.queue_prefix}-backlog-{i}" for i in range(self.backlog_queue_count)]
+
+    @property
+    def has_secondary(self) -> bool:
+        return self.secondary_storage_connection_string is not None or bool(self.secondary_storage_account_url)
 
     @property
     def poison_queues(self) -> list[str]:

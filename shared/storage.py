@@ -18,7 +18,8 @@ from azure.storage.blob.aio import BlobServiceClient, ContainerClient, Exponenti
 from azure.storage.queue.aio import QueueClient, QueueServiceClient
 
 from .errors import ConfigurationError
-from .settings import Settings
+from .failover import Failover
+from .settings import Settings, poison_queue_name
 
 
 def classify(service: str, method: str, url: str) -> str:
@@ -105,13 +106,14 @@ class Storage:
     ``storage_account_url`` the credential is ``DefaultAzureCredential``.
     """
 
-    def __init__(self, settings: Settings, *, counter: RequestCounter | None = None) -> None:
+    def __init__(self, settings: Settings, *, counter: RequestCounter | None = None, secondary: bool = False) -> None:
         self.settings = settings
         self.counter = counter or RequestCounter()
         self._credential: Any = None
         self._queues: dict[str, QueueClient] = {}
         self._containers: dict[str, ContainerClient] = {}
-        conn = settings.storage_connection_string
+        conn = settings.secondary_storage_connection_string if secondary else settings.storage_connection_string
+        url = settings.secondary_storage_account_url if secondary else settings.storage_account_url
         if conn is not None:
             secret = conn.get_secret_value()
             self.queue_service = QueueServiceClient.from_connection_string(
@@ -120,11 +122,11 @@ class Storage:
             self.blob_service = BlobServiceClient.from_connection_string(
                 secret, **self._client_options("blob")
             )
-        elif settings.storage_account_url:
+        elif url:
             from azure.identity.aio import DefaultAzureCredential
 
             self._credential = DefaultAzureCredential()
-            blob_url, queue_url = _service_urls(settings.storage_account_url)
+            blob_url, queue_url = _service_urls(url)
             self.queue_service = QueueServiceClient(queue_url, credential=self._credential, **self._client_options("queue"))
             self.blob_service = BlobServiceClient(blob_url, credential=self._credential, **self._client_options("blob"))
         else:
@@ -132,6 +134,15 @@ class Storage:
                 "no storage account: set BILLING_STORAGE_CONNECTION_STRING or "
                 "BILLING_STORAGE_ACCOUNT_URL (or run `billing up` for the local stack)"
             )
+        #: The secondary account and the routing of sends between the two, when one is configured.
+        self.secondary: Storage | None = None
+        self.failover: Failover | None = None
+        if settings.has_secondary and not secondary:
+            self.secondary = Storage(settings, counter=self.counter, secondary=True)
+            self.failover = Failover(
+                self, self.secondary, interval=settings.failover_interval, probe_interval=settings.failover_probe_interval,
+                backlog_queues=settings.backlog_queues,
+            )  # fmt: skip
 
     def _client_options(self, service: str) -> dict[str, Any]:
         """Options for one service client. Policies are pipeline nodes, so each client gets its own."""
@@ -181,14 +192,39 @@ class Storage:
                 pass
 
     async def ensure_all(self) -> None:
-        """Create every queue and container the pipeline uses."""
+        """Create every queue and container the pipeline uses (and the secondary's backlog queues)."""
         s = self.settings
         await self.ensure(
             queues=[*s.all_queues, *s.poison_queues],
             containers=s.all_containers,
         )
+        if self.secondary is not None:
+            backlog = s.backlog_queues
+            await self.secondary.ensure(queues=[*backlog, *map(poison_queue_name, backlog)], containers=[s.work_container])
+
+    async def send(self, queue: str, text: str) -> None:
+        """Send a message to a pipeline queue (through the failover when a secondary is configured)."""
+        if self.failover is None:
+            await self.queue(queue).send_message(text)
+        else:
+            await self.failover.send(queue, text)
+
+    async def upload_for(self, queue: str, container: str, name: str, data: bytes) -> bool:
+        """Upload a blob that a message for ``queue`` refers to, into the account that queue's
+        sends use now; returns whether that is the secondary."""
+        async def upload(storage: Storage) -> None:
+            await storage.container(container).upload_blob(name, data, overwrite=True)
+
+        if self.failover is None or self.secondary is None:
+            await upload(self)
+            return False
+        secondary = self.secondary
+        _, failed_over = await self.failover.run(queue, lambda: upload(self), lambda: upload(secondary))
+        return failed_over
 
     async def close(self) -> None:
+        if self.secondary is not None:
+            await self.secondary.close()
         for client in [*self._queues.values(), *self._containers.values()]:
             await client.close()
         await self.queue_service.close()

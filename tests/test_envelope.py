@@ -23,7 +23,7 @@ async def claim_check(settings_env: Settings):
 async def test_small_payload_travels_inline(claim_check) -> None:  # type: ignore[no-untyped-def]
     check, storage = claim_check
     envelope = Envelope("work", {"a": 1}, b"x" * 1000)
-    text = await check.pack(envelope, blob_name="small")
+    text = await check.pack(envelope, queue="q", blob_name="small")
     assert "data" in json.loads(text)
     assert storage.counter.snapshot().get("blob.put", 0) == 0
     assert await check.unpack(text) == envelope
@@ -32,7 +32,7 @@ async def test_small_payload_travels_inline(claim_check) -> None:  # type: ignor
 async def test_large_payload_goes_to_blob_and_round_trips_through_a_queue(claim_check, settings_env: Settings) -> None:  # type: ignore[no-untyped-def]
     check, storage = claim_check
     envelope = Envelope("work", {"a": 2}, os.urandom(60_000))
-    text = await check.pack(envelope, blob_name="large")
+    text = await check.pack(envelope, queue="q", blob_name="large")
     assert json.loads(text)["blob"] == {"container": settings_env.work_container, "name": "large"}
     queue = storage.queue(settings_env.requests_queue)
     await queue.send_message(text)
@@ -44,9 +44,9 @@ async def test_inline_limit_is_the_queue_limit(claim_check, settings_env: Settin
     check, storage = claim_check
     # The biggest payload that still goes inline must be accepted by the queue service.
     size = 40_000
-    while "data" in json.loads(await check.pack(Envelope("k", {}, os.urandom(size + 500)), blob_name="probe")):
+    while "data" in json.loads(await check.pack(Envelope("k", {}, os.urandom(size + 500)), queue="q", blob_name="probe")):
         size += 500
-    text = await check.pack(Envelope("k", {}, os.urandom(size)), blob_name="probe")
+    text = await check.pack(Envelope("k", {}, os.urandom(size)), queue="q", blob_name="probe")
     assert "data" in json.loads(text)
     await storage.queue(settings_env.requests_queue).send_message(text)
 
@@ -61,7 +61,7 @@ async def test_inline_limit_is_the_queue_limit(claim_check, settings_env: Settin
 )
 async def test_damaged_messages_are_poison(claim_check, mutate, reason) -> None:  # type: ignore[no-untyped-def]
     check, _ = claim_check
-    text = await check.pack(Envelope("work", {}, b"payload"), blob_name="x")
+    text = await check.pack(Envelope("work", {}, b"payload"), queue="q", blob_name="x")
     with pytest.raises(PoisonMessage) as caught:
         await check.unpack(mutate(text))
     assert caught.value.reason == reason
@@ -69,7 +69,7 @@ async def test_damaged_messages_are_poison(claim_check, mutate, reason) -> None:
 
 async def test_missing_claim_check_blob_is_poison(claim_check) -> None:  # type: ignore[no-untyped-def]
     check, storage = claim_check
-    text = await check.pack(Envelope("work", {}, os.urandom(80_000)), blob_name="gone")
+    text = await check.pack(Envelope("work", {}, os.urandom(80_000)), queue="q", blob_name="gone")
     await storage.container(json.loads(text)["blob"]["container"]).delete_blob("gone")
     with pytest.raises(PoisonMessage) as caught:
         await check.unpack(text)

@@ -99,7 +99,7 @@ async def _send_crafted(settings: Settings) -> None:
         await queue.send_message("this is not an envelope")
         header = WorkHeader("w-tampered", "b-crafted", "pb", "tx", 1)
         tampered = json.loads(await ClaimCheck(storage, container=settings.work_container, limit=settings.max_message_bytes)
-                              .pack(work_envelope(header, b"payload"), blob_name="unused"))  # fmt: skip
+                              .pack(work_envelope(header, b"payload"), queue=queue.queue_name, blob_name="unused"))  # fmt: skip
         tampered["data"] = base64.b64encode(b"other payload").decode()
         await queue.send_message(json.dumps(tampered))
         missing = {
