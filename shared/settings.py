@@ -67,6 +67,8 @@ class Settings(BaseSettings):
     trigger_backend: Literal["auto", "local", "servicebus", "none"] = "auto"
     servicebus_connection_string: SecretStr | None = None
     servicebus_namespace: str | None = None  # fully qualified; used with DefaultAzureCredential
+    secondary_servicebus_connection_string: SecretStr | None = None  # publishing fails over to it
+    secondary_servicebus_namespace: str | None = None
     trigger_topic: str = "billing-triggers"
     trigger_subscription: str | None = None  # default: one per instance
     trigger_create_subscription: bool = True

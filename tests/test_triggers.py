@@ -25,7 +25,8 @@ import pytest
 from servicebus_broker import ServiceBusTestBroker
 from shared.settings import Settings
 from shared.storage import RequestCounter, Storage
-from shared.triggers import LocalTriggerBus, ServiceBusTriggerBus, TriggerEvent
+from shared.failover import Health
+from shared.triggers import LocalTriggerBus, PairedTriggerBus, ServiceBusTriggerBus, TriggerEvent
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -272,6 +273,43 @@ async def test_servicebus_operations_are_counted(broker: ServiceBusTestBroker) -
     assert counter.counts["servicebus.settle"] == 3
     assert 3 <= counter.counts["servicebus.receive"] <= 5  # one per message, plus the waits in between
     assert counter.by_resource[TOPIC] == counter.total
+
+
+async def test_paired_namespaces_publish_to_the_secondary_after_the_interval_and_back() -> None:
+    """Two test brokers as two namespaces: while the primary is down, publishing drops hints for the
+    failover interval, then sends them to the secondary (where subscribers also listen); after the
+    primary returns, the next probe moves publishing back."""
+    def pair(primary: ServiceBusTestBroker, secondary: ServiceBusTestBroker, name: str | None) -> PairedTriggerBus:
+        buses = [ServiceBusTriggerBus(connection_string=b.connection_string, topic=TOPIC, subscription=name,
+                                      **FAST) for b in (primary, secondary)]  # type: ignore[arg-type]
+        return PairedTriggerBus(*buses, interval=1.0, probe_interval=1.0)
+
+    with ServiceBusTestBroker(topic=TOPIC, subscriptions=["a"]) as primary, \
+            ServiceBusTestBroker(topic=TOPIC, subscriptions=["a"]) as secondary:
+        subscriber, publisher = pair(primary, secondary, "a"), pair(primary, secondary, None)
+        inbox = Inbox()
+        subscriber.subscribe(inbox)
+        await subscriber.start()
+        await publisher.start()
+        try:
+            await publisher.publish(_event("before"))
+            await inbox.wait_for(1)
+            primary.stop()
+            await publisher.publish(_event("dropped"))  # failing, for less than the interval
+            assert publisher.route.health is Health.FAILING and secondary.stats().get("sends", 0) == 0
+            await asyncio.sleep(1.0)
+            await publisher.publish(_event("via-secondary"))
+            assert publisher.route.health is Health.FAILED_OVER and secondary.stats()["sends"] == 1
+            assert [e.queue for e in await inbox.wait_for(2)] == ["before", "via-secondary"]
+
+            primary.start()
+            await asyncio.sleep(1.5)  # a probe is due; the subscriber has reconnected
+            await publisher.publish(_event("back"))
+            assert publisher.route.health is Health.HEALTHY and secondary.stats()["sends"] == 1
+            assert [e.queue for e in await inbox.wait_for(3)] == ["before", "via-secondary", "back"]
+        finally:
+            await publisher.close()
+            await subscriber.close()
 
 
 async def test_servicebus_subscriber_survives_broker_restart(broker: ServiceBusTestBroker) -> None:

@@ -1,17 +1,21 @@
 """Trigger buses: "work detected" hints from publishers to listeners.
 
 :class:`ServiceBusTriggerBus` is the production backend (an Azure Service Bus topic);
-:class:`LocalTriggerBus` is the local default (loopback UDP, registered in blob storage).
+:class:`LocalTriggerBus` is the local default (loopback UDP, registered in blob storage);
+:class:`PairedTriggerBus` pairs two Service Bus namespaces for send availability.
 """
 
 from __future__ import annotations
 
 from datetime import timedelta
 
+from pydantic import SecretStr
+
 from ..settings import Settings
 from ..storage import Storage
 from .base import TriggerBus, TriggerEvent, TriggerHandler
 from .local import LocalTriggerBus
+from .paired import PairedTriggerBus
 from .servicebus import ServiceBusTriggerBus
 
 
@@ -22,10 +26,21 @@ def trigger_bus(settings: Settings, storage: Storage) -> TriggerBus | None:
         return None
     if mode == "local":
         return LocalTriggerBus(storage=storage, container=settings.trigger_container)
-    connection = settings.servicebus_connection_string
+    primary = _servicebus(settings, storage, settings.servicebus_connection_string, settings.servicebus_namespace)
+    if settings.secondary_servicebus_connection_string is None and not settings.secondary_servicebus_namespace:
+        return primary
+    secondary = _servicebus(
+        settings, storage, settings.secondary_servicebus_connection_string, settings.secondary_servicebus_namespace
+    )
+    return PairedTriggerBus(
+        primary, secondary, interval=settings.failover_interval, probe_interval=settings.failover_probe_interval
+    )
+
+
+def _servicebus(settings: Settings, storage: Storage, connection: SecretStr | None, namespace: str | None) -> ServiceBusTriggerBus:
     return ServiceBusTriggerBus(
         connection_string=connection.get_secret_value() if connection else None,
-        namespace=None if connection else settings.servicebus_namespace,
+        namespace=None if connection else namespace,
         topic=settings.trigger_topic,
         subscription=settings.trigger_subscription,
         create_subscription=settings.trigger_create_subscription,
@@ -34,4 +49,4 @@ def trigger_bus(settings: Settings, storage: Storage) -> TriggerBus | None:
     )
 
 
-__all__ = ["LocalTriggerBus", "ServiceBusTriggerBus", "TriggerBus", "TriggerEvent", "TriggerHandler", "trigger_bus"]
+__all__ = ["LocalTriggerBus", "PairedTriggerBus", "ServiceBusTriggerBus", "TriggerBus", "TriggerEvent", "TriggerHandler", "trigger_bus"]

@@ -248,7 +248,15 @@ class ServiceBusTriggerBus(TriggerBus):
         await self.publish_many([event])
 
     async def publish_many(self, events: Iterable[TriggerEvent]) -> None:
-        """Send the events to the topic in one batched transfer."""
+        """Send the events to the topic in one batched transfer; dropped (and logged) on failure."""
+        try:
+            await self.send(events)
+        except (AzureError, OSError) as exc:
+            _LOGGER.warning("trigger not published to %s: %s", self.topic, exc)
+
+    async def send(self, events: Iterable[TriggerEvent]) -> None:
+        """Send the events to the topic in one batched transfer. While a ServerBusy answer pauses
+        sends they are dropped; a refusal raises :class:`ConfigurationError`, other failures raise."""
         messages = [
             ServiceBusMessage(event.to_json(), content_type="application/json", time_to_live=_MESSAGE_TTL)
             for event in events
@@ -271,10 +279,9 @@ class ServiceBusTriggerBus(TriggerBus):
                 raise ConfigurationError(f"Service Bus refused sends to {self.topic!r}: {exc}") from exc
             except ServiceBusServerBusyError as exc:
                 self._server_busy(exc, self.topic)
-            except (AzureError, OSError) as exc:
-                _LOGGER.warning("trigger not published to %s: %s", self.topic, exc)
-                if isinstance(exc, (ServiceBusConnectionError, OSError)):
-                    await self._close_sender()
+            except (ServiceBusConnectionError, OSError):
+                await self._close_sender()
+                raise
 
     async def _close_sender(self) -> None:
         sender, self._sender = self._sender, None
