@@ -27,7 +27,7 @@ from controller.store import Store
 from shared.sample import generate, write_price_book, write_tax_table
 from shared.settings import Settings
 
-from . import client, listenbench, progress
+from . import client, cost, listenbench, progress
 from .demo import role_processes
 from .stack import AzuriteStack
 
@@ -72,6 +72,17 @@ class BenchReport:
     naive: PipelineRun
     listener: listenbench.ListenerBench
     scaling: list[PipelineRun]
+    monthly_cost: dict[str, dict[str, Any]]  # design → projection at 10 M transactions/day, 22 idle hours
+
+
+def monthly_costs(main: PipelineRun, naive: PipelineRun, listener: listenbench.ListenerBench) -> dict[str, dict[str, Any]]:
+    """Both designs projected by ``billing cost``'s code, from what was measured here."""
+    idle = listener.idle_requests_per_hour
+    prices = cost.Prices.load()
+    return {
+        "optimised": cost.project(cost.Workload(main.work_requests_per_1000, idle["push (local bus)"]), prices),
+        "naive": cost.project(cost.Workload(naive.work_requests_per_1000, idle["naive 1 s polling"]), prices),
+    }
 
 
 def run_pipeline(
@@ -154,7 +165,7 @@ def run(
         for n in SCALING_PROCESSORS
         for p in SCALING_PARTITIONS
     ] if scaling_rows else []  # fmt: skip
-    report = BenchReport(main, optimised, naive, listener, scaling)
+    report = BenchReport(main, optimised, naive, listener, scaling, monthly_costs(main, naive, listener))
     _print(report, console)
     output.write_text(json.dumps(asdict(report), indent=2))
     chart = output.with_suffix(".png")
@@ -181,6 +192,9 @@ def _print(report: BenchReport, console: Console) -> None:
     rows.append(("idle requests / hour / processor", [f"{idle['push (local bus)']:,.0f} (push)", f"{idle['pull (back-off to 10 s)']:,.0f} (pull)", f"{idle['naive 1 s polling']:,.0f}"]))
     wake = report.listener.wake_latency_ms
     rows.append(("trigger wake-up latency ms (p50 / p95)", [", ".join(f"{b} {w['p50']:.0f}/{w['p95']:.0f}" for b, w in wake.items()), "", "none (polls)"]))
+    optimised, naive = (report.monthly_cost[design]["monthly_storage_cost"] for design in ("optimised", "naive"))
+    for name in optimised:
+        rows.append((f"storage $/month at 10 M tx/day, {name}", [f"${optimised[name]:,.2f}", "", f"${naive[name]:,.2f}"]))
     for label, values in rows:
         table.add_row(label, *values)
     console.print(table)
@@ -202,7 +216,7 @@ def _chart(report: BenchReport, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    figure, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    figure, (left, middle, right) = plt.subplots(1, 3, figsize=(14, 4))
     names = ["optimised", "naive"]
     left.bar(names, [report.optimised.work_requests_per_1000, report.naive.work_requests_per_1000], color=["tab:green", "tab:red"])
     left.set_yscale("log")
@@ -212,6 +226,10 @@ def _chart(report: BenchReport, path: Path) -> None:
               color=["tab:green", "tab:blue", "tab:red"])  # fmt: skip
     right.set_yscale("log")
     right.set_title("idle requests per hour per processor")
+    today = next(iter(report.monthly_cost["optimised"]["monthly_storage_cost"]))
+    middle.bar(names, [report.monthly_cost[n]["monthly_storage_cost"][today] for n in names], color=["tab:green", "tab:red"])
+    middle.set_yscale("log")
+    middle.set_title(f"storage $/month at 10 M tx/day ({today})")
     figure.tight_layout()
     figure.savefig(path, dpi=100)
     plt.close(figure)

@@ -19,7 +19,7 @@ from shared.settings import Settings
 from shared.storage import Storage
 from shared.syphon import backlog_depths
 
-from . import bench, client, demo, listenbench, poison, progress, runtime
+from . import bench, client, cost, demo, listenbench, poison, progress, runtime
 from .stack import AzuriteStack
 
 console = Console(stderr=True)
@@ -242,6 +242,50 @@ def bench_command(rows: int, compare_rows: int, idle_seconds: float, scaling_row
         rows=rows, compare_rows=compare_rows, idle_seconds=idle_seconds, scaling_rows=scaling_rows, data_dir=data_dir,
         output=output, console=console,
     )  # fmt: skip
+
+
+@cli.command("cost")
+@click.option("--from-bench", type=click.Path(exists=True, dir_okay=False, path_type=Path), help="Rates from `billing bench` JSON.")
+@click.option("--window", type=float, help="Instead: measure the running roles this many seconds; project that rate.")
+@click.option("--requests-per-1000", type=float, help="Storage requests per 1,000 transactions.")
+@click.option("--idle-requests-per-hour", type=float, help="Storage requests per idle hour per processor.")
+@click.option("--servicebus-per-1000", type=float, default=0.0, show_default=True, help="Service Bus operations per 1,000 tx.")
+@click.option("--daily-transactions", type=int, default=10_000_000, show_default=True)
+@click.option("--idle-hours", type=float, default=22.0, show_default=True, help="Idle hours per day.")
+@click.option("--processors", type=int, default=1, show_default=True)
+@click.option("--prices", "prices_file", type=click.Path(exists=True, dir_okay=False, path_type=Path), help="A prices.toml of your own.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def cost_command(
+    from_bench: Path | None, window: float | None, requests_per_1000: float | None, idle_requests_per_hour: float | None,
+    servicebus_per_1000: float, daily_transactions: int, idle_hours: float, processors: int, prices_file: Path | None,
+    as_json: bool,
+) -> None:  # fmt: skip
+    """Project monthly cost from measured requests, and compute the whitepaper's idle example."""
+    prices = cost.Prices.load(prices_file or cost.PRICES)
+    if window is not None:
+        measured = cost.measure_window(Settings(), window)
+        if not measured["roles"]:
+            raise click.ClickException("no role is running under BILLING_HOME to measure")
+        workload = cost.Workload(
+            requests_per_1000=0.0, idle_requests_per_hour=measured["storage_requests_per_hour"],
+            idle_servicebus_per_hour=measured["servicebus_operations_per_hour"], daily_transactions=0, idle_hours=24.0,
+        )  # fmt: skip
+    else:
+        rates = cost.from_bench(from_bench) if from_bench else {}
+        rates.update({k: v for k, v in (("requests_per_1000", requests_per_1000), ("idle_requests_per_hour", idle_requests_per_hour)) if v is not None})
+        if set(rates) != {"requests_per_1000", "idle_requests_per_hour"}:
+            raise click.UsageError("give --from-bench, --window, or both --requests-per-1000 and --idle-requests-per-hour")
+        workload = cost.Workload(
+            **rates, servicebus_per_1000=servicebus_per_1000, daily_transactions=daily_transactions, idle_hours=idle_hours,
+            processors=processors,
+        )  # fmt: skip
+    result = {"projection": cost.project(workload, prices), "whitepaper_example": cost.whitepaper_example(prices)}
+    if window is not None:
+        result["measured"] = measured
+    if as_json:
+        click.echo(json.dumps(result, indent=2))
+    else:
+        cost.print_projection(result, Console())
 
 
 def main(argv: list[str] | None = None) -> None:
