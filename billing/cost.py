@@ -1,10 +1,10 @@
 """``billing cost``: monthly cost projected from measured request counts.
 
 Storage transactions are billed, empty polls included, so the design is judged by requests per unit
-of business work and by idle requests. The counts come from a benchmark's JSON (``billing bench``)
-or from a window of the running system (the roles' live state files), or are given directly; the
-prices from ``prices.toml`` (editable, or ``--prices``). The whitepaper's own idle-polling example is
-computed by the same code.
+of business work and by idle requests. The rates come from a benchmark's JSON (``billing bench`` or
+``billing bench-listener``), from a window of the running system (the roles' live state files), or
+are given directly; the prices from ``prices.toml`` (editable, or ``--prices``). The whitepaper's own
+idle-polling example is computed by the same code.
 """
 
 from __future__ import annotations
@@ -12,19 +12,27 @@ from __future__ import annotations
 import json
 import time
 import tomllib
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from rich.console import Console
 from rich.table import Table
 
+from shared.errors import InputError
 from shared.settings import Settings
 
 from .runtime import role_states
 
 PRICES = Path(__file__).with_name("prices.toml")
 DAYS_PER_MONTH = 30  # as the whitepaper counts
+Design = Literal["optimised", "naive"]
+# Where a bench report keeps each design's rates: (pipeline run, idle mode of the listener bench).
+BENCH_KEYS: dict[Design, tuple[str, str]] = {
+    "optimised": ("main", "push (local bus)"),
+    "naive": ("naive", "naive 1 s polling"),
+}
 
 
 @dataclass(frozen=True)
@@ -35,13 +43,16 @@ class Prices:
 
     @classmethod
     def load(cls, path: Path = PRICES) -> Prices:
-        data = tomllib.loads(path.read_text())
-        sb = data["servicebus"]
-        return cls(
-            storage_per_10k={name: float(price) for name, price in data["storage"].items()},
-            servicebus_base_monthly=float(sb["base_monthly"]),
-            servicebus_tiers=[(float(limit), float(price)) for limit, price in sb["tiers"]],
-        )
+        try:
+            data = tomllib.loads(path.read_text())
+            sb = data["servicebus"]
+            return cls(
+                storage_per_10k={name: float(price) for name, price in data["storage"].items()},
+                servicebus_base_monthly=float(sb["base_hourly"]) * float(sb["hours_per_month"]),
+                servicebus_tiers=[(float(limit), float(price)) for limit, price in sb["tiers"]],
+            )
+        except (tomllib.TOMLDecodeError, KeyError, TypeError, ValueError) as exc:
+            raise InputError(f"{path}: not a prices table like {PRICES.name} ({type(exc).__name__}: {exc})") from exc
 
     def servicebus_monthly(self, operations: float) -> float:
         """Standard tier: the base charge plus each tier's operations at its price."""
@@ -80,7 +91,7 @@ def project(workload: Workload, prices: Prices) -> dict[str, Any]:
     storage = workload.monthly_storage_requests()
     servicebus = workload.monthly_servicebus_operations()
     return {
-        "workload": workload.__dict__,
+        "workload": asdict(workload),
         "monthly_storage_requests": round(storage),
         "monthly_storage_cost": {name: round(storage / 10_000 * price, 2) for name, price in prices.storage_per_10k.items()},
         "monthly_servicebus_operations": round(servicebus),
@@ -98,54 +109,85 @@ def whitepaper_example(prices: Prices, threads: tuple[int, ...] = (1, 200)) -> l
     return rows
 
 
-def from_bench(path: Path) -> dict[str, float]:
-    """Rates measured by ``billing bench``: the large batch's requests per 1,000 transactions
-    (setup excluded) and push-mode idle requests per hour per processor."""
-    report = json.loads(path.read_text())
-    return {
-        "requests_per_1000": report["main"]["work_requests_per_1000"],
-        "idle_requests_per_hour": report["listener"]["idle_requests_per_hour"]["push (local bus)"],
-    }
+def from_bench(path: Path, design: Design = "optimised") -> dict[str, float]:
+    """One design's rates from a benchmark report: requests per 1,000 transactions of its large batch
+    (setup excluded) from ``billing bench``, and its idle requests per hour per processor from either
+    ``billing bench`` or ``billing bench-listener`` (which has no transaction rate)."""
+    run, mode = BENCH_KEYS[design]
+    try:
+        report = json.loads(path.read_text())
+        listener = report.get("listener", report)
+        rates = {"idle_requests_per_hour": float(listener["idle_requests_per_hour"][mode])}
+        if run in report:
+            rates["requests_per_1000"] = float(report[run]["work_requests_per_1000"])
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise InputError(f"{path}: not a `billing bench` or `billing bench-listener` report ({type(exc).__name__}: {exc})") from exc
+    return rates
 
 
-def measure_window(settings: Settings, seconds: float) -> dict[str, float]:
-    """Requests per hour of the roles running under ``settings.home``, over ``seconds``."""
+def measure_window(settings: Settings, seconds: float) -> dict[str, Any]:
+    """Requests per hour made by the roles running under ``settings.home``: each role's counts
+    between two of its state snapshots ``seconds`` apart, over the time between the snapshots."""
     before = {state["pid"]: state for state in role_states(settings)}
     time.sleep(seconds)
-    after = role_states(settings)
-    storage = servicebus = 0
-    for state in after:
-        if state["pid"] in before:
-            for kind, count in state["requests"].items():
-                delta = count - before[state["pid"]]["requests"].get(kind, 0)
-                if kind.startswith("servicebus."):
-                    servicebus += delta
-                elif kind != "total":
-                    storage += delta
+    by_kind: dict[str, float] = {}
+    roles = []
+    for state in role_states(settings):
+        first = before.get(state["pid"])
+        if first is None:
+            continue  # started during the window
+        elapsed = (datetime.fromisoformat(state["updated_at"]) - datetime.fromisoformat(first["updated_at"])).total_seconds()
+        if elapsed <= 0:
+            continue  # no snapshot since the first: a window shorter than the state interval
+        roles.append(state["role"])
+        for kind, count in state["requests"].items():
+            if kind != "total" and (delta := count - first["requests"].get(kind, 0)):
+                by_kind[kind] = by_kind.get(kind, 0.0) + delta * 3600 / elapsed
     return {
-        "roles": len([s for s in after if s["pid"] in before]),
-        "storage_requests_per_hour": storage * 3600 / seconds,
-        "servicebus_operations_per_hour": servicebus * 3600 / seconds,
+        "roles": sorted(roles),
+        "seconds": seconds,
+        "storage_requests_per_hour": sum(rate for kind, rate in by_kind.items() if not kind.startswith("servicebus.")),
+        "servicebus_operations_per_hour": sum(rate for kind, rate in by_kind.items() if kind.startswith("servicebus.")),
+        "requests_per_hour_by_kind": dict(sorted(by_kind.items())),
     }
 
 
-def print_projection(result: dict[str, Any], console: Console) -> None:
-    """The projection and the whitepaper's example as two tables."""
-    projection = result["projection"]
-    w = projection["workload"]
-    table = Table(title=f"Monthly cost: {w['daily_transactions']:,} transactions/day, {w['idle_hours']:g} idle h/day, "
-                        f"{w['processors']} processor(s)")  # fmt: skip
-    table.add_column("")
-    table.add_column("value", justify="right")
-    table.add_row("storage requests / month", f"{projection['monthly_storage_requests']:,}")
-    for name, dollars in projection["monthly_storage_cost"].items():
-        table.add_row(f"storage cost, {name}", f"${dollars:,.2f}")
-    if projection["monthly_servicebus_operations"]:
-        table.add_row("Service Bus operations / month", f"{projection['monthly_servicebus_operations']:,}")
-        table.add_row("Service Bus Standard cost", f"${projection['monthly_servicebus_cost']:,.2f}")
-    console.print(table)
-    example = Table(title="The whitepaper's example: 22 idle hours/day, 1 s polling, per month")
-    for column in ("dequeue threads", "storage requests", *next(iter(result["whitepaper_example"]))["monthly_storage_cost"]):
+def window_workload(measured: dict[str, Any]) -> Workload:
+    """The measured rate kept up around the clock (the window's mix of work and idling, every day)."""
+    return Workload(
+        requests_per_1000=0.0, idle_requests_per_hour=measured["storage_requests_per_hour"],
+        idle_servicebus_per_hour=measured["servicebus_operations_per_hour"], daily_transactions=0, idle_hours=24.0,
+    )  # fmt: skip
+
+
+def print_result(result: dict[str, Any], console: Console) -> None:
+    """What was measured, the projection, and the whitepaper's example, as tables."""
+    if "measured" in result:
+        measured = result["measured"]
+        table = Table(title=f"Measured over {measured['seconds']:g} s: {', '.join(measured['roles'])}")
+        table.add_column("request kind")
+        table.add_column("per hour", justify="right")
+        for kind, rate in measured["requests_per_hour_by_kind"].items():
+            table.add_row(kind, f"{rate:,.0f}")
+        console.print(table)
+    if "projection" in result:
+        projection = result["projection"]
+        w = projection["workload"]
+        title = (f"Monthly cost at the measured rate, {w['idle_hours']:g} h/day" if "measured" in result else
+                 f"Monthly cost: {w['daily_transactions']:,} transactions/day, {w['idle_hours']:g} idle h/day, "
+                 f"{w['processors']} processor(s)")  # fmt: skip
+        table = Table(title=title)
+        table.add_column("")
+        table.add_column("value", justify="right")
+        table.add_row("storage requests / month", f"{projection['monthly_storage_requests']:,}")
+        for name, dollars in projection["monthly_storage_cost"].items():
+            table.add_row(f"storage cost, {name}", f"${dollars:,.2f}")
+        if projection["monthly_servicebus_operations"]:
+            table.add_row("Service Bus operations / month", f"{projection['monthly_servicebus_operations']:,}")
+            table.add_row("Service Bus Standard cost", f"${projection['monthly_servicebus_cost']:,.2f}")
+        console.print(table)
+    example = Table(title="The whitepaper's example: 22 idle hours/day, 1 s polling, 30 days")
+    for column in ("dequeue threads", "storage requests", *result["whitepaper_example"][0]["monthly_storage_cost"]):
         example.add_column(column, justify="right")
     for row in result["whitepaper_example"]:
         costs = [f"${dollars:,.2f}" for dollars in row["monthly_storage_cost"].values()]

@@ -10,6 +10,7 @@ from typing import Any
 
 from pydantic import SecretStr
 
+from shared.processes import pid_alive
 from shared.service import Service, serve
 from shared.settings import Settings
 from shared.storage import Storage
@@ -61,10 +62,10 @@ def role_states(settings: Settings) -> list[dict[str, Any]]:
     for path in sorted((settings.home / "state").glob("*-*.json")):
         try:
             state = json.loads(path.read_text())
-            os.kill(int(state["pid"]), 0)
-        except (OSError, ValueError, KeyError):
-            continue  # gone, or being replaced this instant
-        states.append(state)
+        except (OSError, ValueError):
+            continue  # being replaced this instant
+        if pid_alive(int(state["pid"])):
+            states.append(state)
     return states
 
 

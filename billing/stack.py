@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from shared.errors import BillingError
+from shared.processes import pid_alive
 
 ROOT = Path(__file__).resolve().parent.parent
 AZURITE_BIN = ROOT / "node_modules" / ".bin" / "azurite"
@@ -51,20 +52,6 @@ def port_open(host: str, port: int) -> bool:
             return True
     except OSError:
         return False
-
-
-def pid_alive(pid: int) -> bool:
-    """Whether ``pid`` is a live process (a zombie counts as dead)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    with contextlib.suppress(OSError):
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        return stat[stat.rindex(")") + 2] != "Z"
-    return True
 
 
 def is_azurite(pid: int) -> bool:

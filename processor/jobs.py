@@ -10,6 +10,7 @@ from functools import lru_cache
 from shared.envelope import Envelope
 from shared.errors import InputError, PoisonMessage
 from shared.messages import WorkItemResult
+from shared.processes import pid_alive
 from shared.protocol import WorkHeader, decode_work, results_envelope
 from shared.rating import aggregate
 from shared.reference import PriceBook, TaxTable, load_price_book, load_tax_table
@@ -22,9 +23,7 @@ def exit_with(owner: int, interval: float = 1.0) -> None:
     def watch() -> None:
         while True:
             time.sleep(interval)
-            try:
-                os.kill(owner, 0)
-            except ProcessLookupError:
+            if not pid_alive(owner):
                 os._exit(0)
 
     threading.Thread(target=watch, name="owner-watch", daemon=True).start()

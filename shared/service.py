@@ -17,7 +17,7 @@ from .listener import SCALE_RULES, Handler, QueueListener, listener_settings
 from .poison import PoisonQueue
 from .settings import Settings
 from .storage import Storage
-from .triggers import TriggerBus
+from .triggers import TriggerBus, TriggerEvent
 
 log = logging.getLogger(__name__)
 

@@ -20,7 +20,7 @@ from shared.sample import generate
 from shared.settings import Settings
 from shared.storage import classify
 
-from test_pipeline import billing
+from exact import billing
 
 # One line per request Azurite received: which service middleware, the method and the URL.
 REQUEST = re.compile(r"(Queue|Blob)StorageContextMiddleware: RequestMethod=(\w+) RequestURL=(\S+)")

@@ -24,7 +24,7 @@ from controller.store import FINAL_STATES, BatchStatus, Store
 from shared.sample import generate
 from shared.settings import Settings
 
-from test_pipeline import _key, billing, expected, read_raw, report
+from exact import _key, billing, expected, read_raw, report
 
 pytestmark = pytest.mark.slow
 

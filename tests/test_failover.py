@@ -1,9 +1,9 @@
 """Send availability: a secondary account with backlog queues and a syphon.
 
 The state machine is checked on its own with a scripted clock; everything else runs against real
-Azurite instances: a wrong key, a primary answering 503 Server Busy through a small HTTP proxy in
-front of Azurite, a primary that is down, and the whole pipeline (real role processes) with the
-primary Azurite stopped mid-run and restarted.
+Azurite instances: a wrong key, a primary answering 503 Server Busy (``fault_proxy`` in front of
+Azurite), a primary that is down, and the whole pipeline (real role processes) with the primary
+Azurite stopped mid-run and restarted.
 """
 
 from __future__ import annotations
@@ -19,9 +19,7 @@ from collections.abc import Iterator
 from decimal import Decimal
 from pathlib import Path
 
-import aiohttp
 import pytest
-from aiohttp import web
 from pydantic import SecretStr
 
 import shared.failover
@@ -34,7 +32,8 @@ from shared.sample import generate
 from shared.settings import Settings
 from shared.storage import Storage
 
-from test_pipeline import _key, expected, read_raw, report
+from fault_proxy import FaultProxy
+from exact import _key, expected, read_raw, report
 
 
 # --- the state machine ----------------------------------------------------------------------
@@ -133,63 +132,23 @@ async def test_unreachable_primary_fails_over_after_the_interval_and_recovers(se
         assert storage.failover.state() == {"billing-x-input-0": {"health": "failed_over", "failovers": 1, "backlog_sent": 2}}
 
 
-HOP_HEADERS = {"content-length", "transfer-encoding", "connection", "keep-alive"}
-
-
-class BusyProxy:
-    """An HTTP proxy in front of Azurite's queue endpoint that answers 503 Server Busy (as Azure
-    Storage does when throttling) while ``busy`` is set, and forwards otherwise."""
-
-    def __init__(self, target: str) -> None:
-        self.target = target  # scheme://host:port
-        self.busy = True
-        self.answered_busy = 0
-        self.port = free_ports(1)[0]
-
-    async def handle(self, request: web.Request) -> web.StreamResponse:
-        if self.busy:
-            self.answered_busy += 1
-            return web.Response(status=503, headers={"x-ms-error-code": "ServerBusy"}, text="busy")
-        headers = {k: v for k, v in request.headers.items() if k.lower() != "host"}
-        async with aiohttp.ClientSession(auto_decompress=False) as session, session.request(
-            request.method, self.target + request.rel_url.path_qs, headers=headers, data=await request.read()
-        ) as answer:
-            kept = {k: v for k, v in answer.headers.items() if k.lower() not in HOP_HEADERS}
-            return web.Response(status=answer.status, headers=kept, body=await answer.read())
-
-    async def __aenter__(self) -> BusyProxy:
-        self._runner = web.AppRunner(web.Application())
-        self._runner.app.router.add_route("*", "/{tail:.*}", self.handle)
-        await self._runner.setup()
-        await web.TCPSite(self._runner, "127.0.0.1", self.port).start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self._runner.cleanup()
-
-
 async def test_server_busy_waits_and_never_fails_over(settings_env: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(shared.failover, "BUSY_PAUSE", 0.3)
-    azurite = Settings().storage_connection_string.get_secret_value()  # type: ignore[union-attr]
-    queue_endpoint = re.search(r"QueueEndpoint=([^;]+)", azurite).group(1)  # type: ignore[union-attr]
-    async with BusyProxy(queue_endpoint.removesuffix("/devstoreaccount1")) as proxy:
-        busy = azurite.replace(queue_endpoint, f"http://127.0.0.1:{proxy.port}/devstoreaccount1")
-        async with Storage(account(busy, failover_interval=0)) as storage:
+    destination = settings_env.results_queue
+    async with Storage(Settings()) as direct:
+        await direct.ensure(queues=[destination])
+    with FaultProxy(Settings().storage_connection_string.get_secret_value()) as proxy:  # type: ignore[union-attr]
+        proxy.outage(1.5, "503")  # the primary throttles
+        async with Storage(account(proxy.connection_string, failover_interval=0)) as storage:
             assert storage.secondary is not None
             await storage.secondary.ensure(queues=storage.settings.backlog_queues)
-            destination = storage.settings.results_queue
-            async with Storage(Settings()) as direct:
-                await direct.ensure(queues=[destination])
-            sending = asyncio.create_task(storage.send(destination, "through the storm"))
-            await asyncio.sleep(1.5)
-            assert not sending.done() and proxy.answered_busy >= 3
-            proxy.busy = False
-            await asyncio.wait_for(sending, 10)
-            async with Storage(Settings()) as direct:
-                got = [m.content async for m in direct.queue(destination).receive_messages(messages_per_page=32)]
-            assert got == ["through the storm"], "it reached the primary"
+            await storage.send(destination, "through the storm")
+            assert proxy.injected["503"] >= 3 and proxy.forwarded["POST"] == 1
             assert await backlog(storage) == []
             assert storage.failover is not None and storage.failover.route(destination).failovers == 0
+    async with Storage(Settings()) as direct:
+        got = [m.content async for m in direct.queue(destination).receive_messages(messages_per_page=32)]
+    assert got == ["through the storm"], "it reached the primary"
 
 
 # --- the pipeline through an outage of the primary ----------------------------------------------

@@ -7,7 +7,6 @@ import json
 import random
 from collections.abc import Mapping
 
-import pytest
 from azure.storage.queue import QueueMessage
 
 from shared.envelope import ClaimCheck

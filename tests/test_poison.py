@@ -21,7 +21,7 @@ from shared.sample import generate, sample_price_book_bytes
 from shared.settings import Settings
 from shared.storage import Storage, content_hash
 
-from test_pipeline import billing, expected, read_raw, report, _key
+from exact import billing, expected, read_raw, report, _key
 
 pytestmark = pytest.mark.usefixtures("settings_env")
 

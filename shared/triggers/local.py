@@ -26,6 +26,7 @@ from azure.core.exceptions import AzureError, ResourceExistsError, ResourceNotFo
 
 from ..errors import InfrastructureError
 from ..storage import Storage
+from ..processes import pid_alive
 from .base import TriggerBus, TriggerEvent, TriggerHandler
 
 _LOGGER = logging.getLogger(__name__)
@@ -214,7 +215,7 @@ class LocalTriggerBus(TriggerBus):
                     meta = blob.metadata or {}
                     refresh = float(meta.get("refresh") or 0)
                     missed = refresh > 0 and now - float(meta["registered_at"]) > _STALE_PERIODS * refresh
-                    if missed or not _alive(int(meta["pid"])):
+                    if missed or not pid_alive(int(meta["pid"])):
                         stale.append(blob.name)
                         continue
                     peers.append((meta["host"], int(meta["port"])))
@@ -246,14 +247,3 @@ class LocalTriggerBus(TriggerBus):
             if transport is not None:
                 transport.close()
         self._recv_transport = self._send_transport = None
-
-
-def _alive(pid: int) -> bool:
-    """Whether a process of this machine with ``pid`` exists."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
