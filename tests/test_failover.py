@@ -138,12 +138,12 @@ async def test_server_busy_waits_and_never_fails_over(settings_env: Settings, mo
     async with Storage(Settings()) as direct:
         await direct.ensure(queues=[destination])
     with FaultProxy(Settings().storage_connection_string.get_secret_value()) as proxy:  # type: ignore[union-attr]
-        proxy.outage(1.5, "503")  # the primary throttles
+        proxy.outage(1.5, kind="503", services=("queue",))  # the primary throttles
         async with Storage(account(proxy.connection_string, failover_interval=0)) as storage:
             assert storage.secondary is not None
             await storage.secondary.ensure(queues=storage.settings.backlog_queues)
             await storage.send(destination, "through the storm")
-            assert proxy.injected["503"] >= 3 and proxy.forwarded["POST"] == 1
+            assert proxy.injected["queue"]["503"] >= 3 and proxy.forwarded["queue"]["POST"] == 1
             assert await backlog(storage) == []
             assert storage.failover is not None and storage.failover.route(destination).failovers == 0
     async with Storage(Settings()) as direct:
