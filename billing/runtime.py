@@ -19,26 +19,24 @@ from shared.triggers import trigger_bus
 from .stack import AzuriteStack
 
 _SECRET = re.compile(r"(AccountKey|SharedAccessKey|sig|Password)=[^;&\s]+", re.IGNORECASE)
+_URL_PASSWORD = re.compile(r"(://[^/:@\s]+:)[^/@\s]+@")
 
 
 def redact(text: str) -> str:
-    """``text`` with account keys, SAS signatures and passwords replaced by ``***``."""
-    return _SECRET.sub(lambda m: f"{m.group(1)}=***", text)
+    """``text`` with account keys, SAS signatures and passwords (``Password=`` and in URLs) replaced by ``***``."""
+    return _URL_PASSWORD.sub(r"\1***@", _SECRET.sub(lambda m: f"{m.group(1)}=***", text))
 
 
-class RedactingFilter(logging.Filter):
-    """Scrubs secrets from every log record that passes a handler."""
+class RedactingFormatter(logging.Formatter):
+    """Scrubs secrets from every formatted log record, tracebacks included."""
 
-    def filter(self, record: logging.LogRecord) -> bool:
-        record.msg = redact(record.getMessage())
-        record.args = None
-        return True
+    def format(self, record: logging.LogRecord) -> str:
+        return redact(super().format(record))
 
 
 def configure_logging(verbose: bool = False) -> None:
     handler = logging.StreamHandler()
-    handler.addFilter(RedactingFilter())
-    handler.setFormatter(logging.Formatter("%(asctime)s %(processName)s %(name)s %(levelname)s %(message)s"))
+    handler.setFormatter(RedactingFormatter("%(asctime)s %(processName)s %(name)s %(levelname)s %(message)s"))
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, handlers=[handler], force=True)
     for noisy in ("azure", "azure.core.pipeline.policies.http_logging_policy", "alembic", "urllib3"):
         logging.getLogger(noisy).setLevel(logging.WARNING)

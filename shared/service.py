@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -126,6 +127,12 @@ class Service:
         }
 
 
+def _past_deadline(running: asyncio.Task[None]) -> None:
+    if not running.done():
+        log.warning("in-flight work did not finish by the shutdown deadline; its messages will be redelivered")
+        running.cancel()
+
+
 def peak_rss_mib(*, children: bool = False) -> float:
     """Peak resident memory of this process (or the largest of its finished children), MiB."""
     who = resource.RUSAGE_CHILDREN if children else resource.RUSAGE_SELF
@@ -133,13 +140,16 @@ def peak_rss_mib(*, children: bool = False) -> float:
 
 
 async def serve(build: Callable[[], Awaitable[Service]], *, state_file: Path | None = None) -> Service:
-    """Build a service and run it until SIGINT/SIGTERM; a second signal exits at once.
+    """Build a service and run it until SIGINT/SIGTERM: in-flight work finishes within
+    ``settings.shutdown_deadline`` (what is still running then is cancelled, its messages left
+    unacknowledged); a second signal exits at once.
 
-    A hard exit leaves nothing half-done: unacknowledged messages reappear after their
+    A cancelled or hard exit leaves nothing half-done: unacknowledged messages reappear after their
     visibility timeout and an uncommitted SQL transaction is rolled back.
     """
     loop = asyncio.get_running_loop()
     service = await build()
+    running = asyncio.create_task(service.run(state_file=state_file))
     signals = 0
 
     def on_signal(signum: int) -> None:
@@ -148,13 +158,16 @@ async def serve(build: Callable[[], Awaitable[Service]], *, state_file: Path | N
         if signals > 1:
             log.warning("second %s: exiting now", signal.Signals(signum).name)
             os._exit(128 + signum)
-        log.info("%s: finishing in-flight work, then stopping", signal.Signals(signum).name)
+        deadline = service.settings.shutdown_deadline
+        log.info("%s: finishing in-flight work (at most %.0f s), then stopping", signal.Signals(signum).name, deadline)
         service.close()
+        loop.call_later(deadline, _past_deadline, running)
 
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, on_signal, signum)
     try:
-        await service.run(state_file=state_file)
+        with contextlib.suppress(asyncio.CancelledError):
+            await running
     finally:
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(signum)

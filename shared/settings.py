@@ -80,6 +80,9 @@ class Settings(BaseSettings):
     retry_backoff: float = Field(default=0.5, gt=0)
     request_timeout: float = Field(default=30.0, gt=0)
 
+    # Graceful stop: how long in-flight work may take after SIGTERM/SIGINT.
+    shutdown_deadline: float = Field(default=30.0, gt=0)
+
     # Concurrency.
     max_concurrent_sends: int = Field(default=32, ge=1)
     cpu_workers: int = Field(default_factory=lambda: max(1, os.cpu_count() or 1))
