@@ -65,6 +65,7 @@ class PipelineRun:
     requests_per_1000: float
     setup_requests: int  # before the batch: creating queues and containers, polls until the roles were idle
     work_requests_per_1000: float  # the batch's own: from submission until the roles were idle again
+    attributed_requests_per_1000: float | None  # what the batch's own status counted for it (shared.tally)
     requests_by_kind: dict[str, int]
     peak_rss_mib: dict[str, float]
 
@@ -141,6 +142,7 @@ def run_pipeline(
         requests_per_1000=round(1000 * total / max(1, status.accepted), 3),
         setup_requests=setup,
         work_requests_per_1000=round(1000 * (total - setup) / max(1, status.accepted), 3),
+        attributed_requests_per_1000=status.requests_per_1000,
         requests_by_kind=by_kind,
         peak_rss_mib=rss,
     )
@@ -210,6 +212,7 @@ def _print(report: BenchReport, console: Console) -> None:
         ("storage requests", [f"{r.storage_requests:,}" for r in runs]),
         ("storage requests / 1,000 tx", [f"{r.requests_per_1000:,.2f}" for r in runs]),
         ("  the batch's own (submit → idle again)", [f"{r.work_requests_per_1000:,.2f}" for r in runs]),
+        ("  attributed to it (billing status)", [f"{r.attributed_requests_per_1000 or 0:,.2f}" for r in runs]),
         ("peak RSS MiB", [", ".join(f"{k} {v:.0f}" for k, v in r.peak_rss_mib.items()) for r in runs]),
     ]
     idle = report.listener.idle_requests_per_hour

@@ -23,6 +23,7 @@ from shared.refstore import PRICEBOOK, TAXES, ReferenceStore
 from shared.sample import sample_price_book_bytes, sample_tax_table_bytes
 from shared.settings import Settings
 from shared.storage import Storage
+from shared.tally import Tally, tallying
 from shared.triggers import trigger_bus
 
 log = logging.getLogger(__name__)
@@ -74,29 +75,30 @@ async def submit(
     batch_id = batch_id or await asyncio.to_thread(file_digest, path)
     async with Storage(settings) as storage:
         await storage.ensure_all()
-        references = ReferenceStore(storage, container=settings.reference_container)
-        request = BatchRequest(
-            batch_id=batch_id,
-            source=path.name,
-            blob_name=batch_id,
-            fmt=fmt,
-            pricebook_hash=await references.put(PRICEBOOK, pricebook_bytes),
-            taxes_hash=await references.put(TAXES, taxes_bytes),
-            accepted_at=datetime.now(timezone.utc),
-        )
-        inbox = storage.container(settings.inbox_container)
-        try:
-            with path.open("rb") as file:
-                await inbox.upload_blob(
-                    batch_id, file, overwrite=False, max_concurrency=4,
-                    metadata={"source": path.name[:200].encode("ascii", "replace").decode(), "format": fmt},
-                )
-        except ResourceExistsError:
-            return Submission(batch_id, fmt, duplicate=True, requests=storage.counter.snapshot())
-        claim_check = ClaimCheck(storage, container=settings.work_container, limit=settings.max_message_bytes)
-        await claim_check.send(settings.requests_queue, request_envelope(request), blob_name=f"request/{batch_id}")
-        await _announce(settings, storage)
-        return Submission(batch_id, fmt, duplicate=False, requests=storage.counter.snapshot())
+        with tallying(Tally()):  # the batch's first requests: its request message carries them
+            references = ReferenceStore(storage, container=settings.reference_container)
+            request = BatchRequest(
+                batch_id=batch_id,
+                source=path.name,
+                blob_name=batch_id,
+                fmt=fmt,
+                pricebook_hash=await references.put(PRICEBOOK, pricebook_bytes),
+                taxes_hash=await references.put(TAXES, taxes_bytes),
+                accepted_at=datetime.now(timezone.utc),
+            )
+            inbox = storage.container(settings.inbox_container)
+            try:
+                with path.open("rb") as file:
+                    await inbox.upload_blob(
+                        batch_id, file, overwrite=False, max_concurrency=4,
+                        metadata={"source": path.name[:200].encode("ascii", "replace").decode(), "format": fmt},
+                    )
+            except ResourceExistsError:
+                return Submission(batch_id, fmt, duplicate=True, requests=storage.counter.snapshot())
+            claim_check = ClaimCheck(storage, container=settings.work_container, limit=settings.max_message_bytes)
+            await claim_check.send(settings.requests_queue, request_envelope(request), blob_name=f"request/{batch_id}")
+            await _announce(settings, storage)
+            return Submission(batch_id, fmt, duplicate=False, requests=storage.counter.snapshot())
 
 
 def wait_for(

@@ -106,6 +106,8 @@ batches = sa.Table(
     sa.Column("accepted_at", UTCDateTime(), nullable=True),
     sa.Column("completed_at", UTCDateTime(), nullable=True),
     sa.Column("latency_seconds", sa.Float, nullable=True),
+    # Storage and Service Bus requests made for the batch (see shared.tally), counted as it runs.
+    sa.Column("requests", sa.BigInteger, nullable=False, server_default="0"),
     sa.Column("updated_at", UTCDateTime(), nullable=False),
 )
 

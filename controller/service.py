@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import Counter
 from collections.abc import Mapping
 
 from azure.storage.queue import QueueMessage
@@ -16,6 +17,7 @@ from shared.protocol import MANIFEST, POISONED, PoisonNotice, parse_manifest, pa
 from shared.service import Service
 from shared.settings import Settings
 from shared.storage import Storage
+from shared import tally
 from shared.syphon import add_syphon
 from shared.triggers import TriggerBus
 
@@ -46,19 +48,24 @@ class Controller(Service):
         manifests: list[Manifest] = []
         results: list[WorkItemResult] = []
         notices: list[PoisonNotice] = []
+        charged: list[tuple[int, dict[str, int]]] = []  # per message: its stamp, its transactions per batch
         for message in messages:
             try:
                 envelope = await self.claim_check.unpack(message.content)
                 if envelope.kind == MANIFEST:
-                    manifests.append(parse_manifest(envelope))
+                    manifests.append(manifest := parse_manifest(envelope))
+                    charged.append((envelope.requests, {manifest.batch_id: 0}))
                 elif envelope.kind == POISONED:
-                    notices.append(parse_poisoned(envelope))
+                    notices.append(notice := parse_poisoned(envelope))
+                    charged.append((envelope.requests, {notice.batch_id: 0}))
                 else:
-                    results.extend(parse_results(envelope))
+                    results.extend(carried := parse_results(envelope))
+                    charged.append((envelope.requests, _transactions_by_batch(carried)))
             except PoisonMessage as exc:
                 poisoned[message.id] = str(exc)
         if manifests or results or notices:
-            outcome = await asyncio.to_thread(self.store.apply, manifests, results, notices)
+            requests = _requests_by_batch(charged, own=max(0, tally.take() - sum(stamp for stamp, _ in charged)))
+            outcome = await asyncio.to_thread(self.store.apply, manifests, results, notices, requests=requests)
             for batch_id in outcome.completed_batches:
                 log.info("batch %s complete", batch_id)
             for batch_id in outcome.failed_batches:
@@ -68,3 +75,21 @@ class Controller(Service):
 
     async def aclose(self) -> None:
         await asyncio.to_thread(self.store.close)
+
+
+def _transactions_by_batch(results: list[WorkItemResult]) -> dict[str, int]:
+    by_batch: Counter[str] = Counter()
+    for result in results:
+        by_batch[result.batch_id] += result.transactions
+    return by_batch
+
+
+def _requests_by_batch(charged: list[tuple[int, dict[str, int]]], *, own: int) -> Counter[str]:
+    """Requests per batch: each message's stamp plus an equal share of this controller's own
+    (its receive, claim-check reads and deletes), split over the batches a message carries
+    in proportion to their transactions."""
+    requests: Counter[str] = Counter()
+    for (stamp, batches), share in zip(charged, tally.spread(own, [1] * len(charged)), strict=True):
+        for batch_id, part in zip(batches, tally.spread(stamp + share, list(batches.values())), strict=True):
+            requests[batch_id] += part
+    return requests

@@ -14,7 +14,7 @@ impossible even if that were bypassed.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime
@@ -65,13 +65,19 @@ class BatchStatus:
     accepted_at: datetime | None
     completed_at: datetime | None
     latency_seconds: float | None
+    requests: int
     updated_at: datetime
 
+    @property
+    def requests_per_1000(self) -> float | None:
+        """Requests made for the batch per 1,000 accepted transactions (None before its manifest)."""
+        return round(self.requests * 1000 / self.accepted, 3) if self.accepted else None
+
     def to_json_dict(self) -> dict[str, Any]:
-        """JSON-safe values: ISO 8601 datetimes, latency as a float."""
+        """JSON-safe values: ISO 8601 datetimes, latency as a float; with ``requests_per_1000``."""
         return {
-            key: value.isoformat() if isinstance(value, datetime) else value
-            for key, value in dataclasses.asdict(self).items()
+            **{key: value.isoformat() if isinstance(value, datetime) else value for key, value in dataclasses.asdict(self).items()},
+            "requests_per_1000": self.requests_per_1000,
         }
 
 
@@ -128,9 +134,15 @@ class Store:
     # -- writes ---------------------------------------------------------------------------------------
 
     def apply(
-        self, manifests: Sequence[Manifest], results: Sequence[WorkItemResult], poisoned: Sequence[PoisonNotice] = ()
+        self,
+        manifests: Sequence[Manifest],
+        results: Sequence[WorkItemResult],
+        poisoned: Sequence[PoisonNotice] = (),
+        *,
+        requests: Mapping[str, int] | None = None,
     ) -> ApplyOutcome:
-        """Record manifests, work item results and poison notices in ONE transaction, idempotently.
+        """Record manifests, work item results and poison notices in ONE transaction, idempotently,
+        and add ``requests`` (batch id → requests made for it) to the batches' counts.
 
         A work item already recorded is skipped entirely; a manifest already recorded changes nothing.
         Results may precede their manifest: the batch then waits in ``processing`` with unknown size.
@@ -184,6 +196,8 @@ class Store:
                 rows[result.batch_id]["transactions_recorded"] += result.transactions
             for notice in fresh_poison:
                 rows[notice.batch_id]["poisoned_items"] += 1
+            for batch_id, count in (requests or {}).items():
+                rows[batch_id]["requests"] += count
             _merge_aggregates(conn, new + recovered)
 
             completed, failed = [], []
@@ -234,7 +248,7 @@ class Store:
                 {
                     "batch_id": batch_id, "source": "", "state": "processing", "rows": 0, "accepted": 0, "rejected": 0,
                     "work_items": None, "completed_items": 0, "poisoned_items": 0, "transactions_recorded": 0,
-                    "updated_at": now,
+                    "requests": 0, "updated_at": now,
                 }  # fmt: skip
                 for batch_id in batch_ids
             ]

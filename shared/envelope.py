@@ -3,6 +3,7 @@
 A message is a small JSON object: its ``kind``, free-form ``headers``, the payload's SHA-256
 and either the payload inline (base64) or a reference to the blob holding it. :class:`ClaimCheck`
 decides which: inline when the whole message stays under the queue's size limit, else a blob.
+Inside a :mod:`~shared.tally` a message also carries the ``requests`` that produced it.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any
 
 from azure.core.exceptions import ResourceNotFoundError
 
+from . import tally
 from .errors import PoisonMessage
 from .storage import Storage, content_hash
 
@@ -23,15 +25,19 @@ VERSION = 1
 SECONDARY = "secondary"
 #: Room kept under the queue's message size limit for the storage service's own framing.
 FRAMING_ALLOWANCE = 1024
+#: Room for the ``"data"`` key and the ``requests`` stamp around the payload.
+STAMP_ALLOWANCE = 48
 
 
 @dataclass(frozen=True)
 class Envelope:
-    """A decoded message: what it is, its headers and its payload bytes."""
+    """A decoded message: what it is, its headers, its payload bytes and the storage requests
+    stamped on it (what it cost to produce, see :mod:`shared.tally`)."""
 
     kind: str
     headers: dict[str, Any] = field(default_factory=dict)
     payload: bytes = b""
+    requests: int = 0
 
 
 def peek_headers(text: str) -> tuple[str, dict[str, Any]] | None:
@@ -54,16 +60,21 @@ class ClaimCheck:
 
     async def pack(self, envelope: Envelope, *, queue: str, blob_name: str) -> str:
         """Message text for ``envelope``; the payload goes to ``blob_name`` if it does not fit, in
-        the account that sends to ``queue`` use now (the secondary while it is failed over)."""
+        the account that sends to ``queue`` use now (the secondary while it is failed over).
+        In a tally, the text is stamped with the requests gathered so far and its own send."""
         digest = content_hash(envelope.payload)
-        message = {"v": VERSION, "kind": envelope.kind, "headers": envelope.headers, "sha256": digest}
-        inline = json.dumps({**message, "data": base64.b64encode(envelope.payload).decode()})
-        if len(inline) <= self._limit:
-            return inline
-        ref = {"container": self._container, "name": blob_name}
-        if await self._storage.upload_for(queue, self._container, blob_name, envelope.payload):
-            ref["account"] = SECONDARY
-        return json.dumps({**message, "blob": ref})
+        message: dict[str, Any] = {"v": VERSION, "kind": envelope.kind, "headers": envelope.headers, "sha256": digest}
+        data = base64.b64encode(envelope.payload).decode()  # base64 needs no escaping in JSON
+        if len(json.dumps(message)) + len(data) + STAMP_ALLOWANCE <= self._limit:
+            message["data"] = data
+        else:
+            ref = {"container": self._container, "name": blob_name}
+            if await self._storage.upload_for(queue, self._container, blob_name, envelope.payload):
+                ref["account"] = SECONDARY
+            message["blob"] = ref
+        if (current := tally.current()) is not None:
+            message["requests"] = current.stamp(ahead="queue.send")
+        return json.dumps(message)
 
     async def send(self, queue: str, envelope: Envelope, *, blob_name: str) -> None:
         """Pack ``envelope`` and send it to ``queue`` (through the failover, when configured)."""
@@ -74,6 +85,7 @@ class ClaimCheck:
         try:
             message = json.loads(text)
             kind, headers, digest = message["kind"], message["headers"], message["sha256"]
+            requests = int(message.get("requests", 0))
             if message.get("v") != VERSION or not isinstance(headers, dict):
                 raise ValueError(f"unsupported envelope version {message.get('v')!r}")
             if "data" in message:
@@ -85,7 +97,8 @@ class ClaimCheck:
             raise PoisonMessage("bad_envelope", str(exc)) from exc
         if content_hash(payload) != digest:
             raise PoisonMessage("checksum_mismatch", f"payload of {kind} message does not match its sha256")
-        return Envelope(kind, headers, payload)
+        tally.record(tally.INHERITED, requests)
+        return Envelope(kind, headers, payload, requests)
 
     async def _download(self, container: str, name: str, *, secondary: bool) -> bytes:
         storage = self._storage.secondary if secondary else self._storage

@@ -33,6 +33,7 @@ from .errors import InfrastructureError
 from .poison import PoisonQueue, poison_queue_name
 from .settings import Settings
 from .storage import RequestCounter
+from .tally import Tally, tallying
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +42,7 @@ Handler = Callable[[list[QueueMessage]], Awaitable[Mapping[str, str] | None]]
 
 ERROR_PAUSE_MIN = 1.0
 ERROR_PAUSE_MAX = 30.0
+HAND_BACK_SECONDS = 5.0  # at shutdown, for making cancelled messages visible again
 SERVICE_TIME_WEIGHT = 0.3  # weight of the newest sample in the per-message service time average
 
 
@@ -164,6 +166,7 @@ class QueueListener:
         self._stopping = asyncio.Event()
         self._changed = asyncio.Event()
         self._wakeup = asyncio.Event()  # set (and replaced) by each trigger: cuts idle sleeps short
+        self._wakes = 0  # triggers so far: one that comes while a poll is under way is not lost
         self._tasks: set[asyncio.Task[None]] = set()
         self._in_flight: dict[str, QueueMessage] = {}
         self._lease_lock = asyncio.Lock()
@@ -226,6 +229,7 @@ class QueueListener:
             await asyncio.gather(*self._tasks, return_exceptions=True)
             renewer.cancel()
             await asyncio.gather(renewer, return_exceptions=True)
+            await self._hand_back()
 
     def close(self) -> None:
         """Stop receiving; batches in flight finish, then :meth:`run` returns."""
@@ -237,6 +241,7 @@ class QueueListener:
         listener up for ``depth`` messages."""
         if self._stopping.is_set():
             return
+        self._wakes += 1
         self._wakeup.set()
         self._wakeup = asyncio.Event()
         self._scale_to(depth if depth is not None else self._settings.dequeue_batch_size)
@@ -287,8 +292,10 @@ class QueueListener:
         pending: asyncio.Task[None] | None = None
         try:
             while not self._stopping.is_set():
+                wakes = self._wakes
                 try:
-                    messages = await self._receive()
+                    with tallying(received := Tally()):
+                        messages = await self._receive()
                 except Exception as exc:  # noqa: BLE001 - report, back off, keep going
                     errors += 1
                     pause = min(ERROR_PAUSE_MIN * 2 ** (errors - 1), ERROR_PAUSE_MAX) * random.uniform(0.8, 1.2)
@@ -300,8 +307,10 @@ class QueueListener:
                     if pending is not None:
                         await pending
                         pending = None
-                    idle += 1
                     self._idle_polls += 1
+                    if self._wakes != wakes and not self._burst:
+                        continue  # a trigger came after this poll was sent: poll again at once
+                    idle += 1
                     if self._burst or ((probe or at_idle_cap(idle, self._settings)) and self._leave()):
                         return
                     await self._sleep(idle_delay(idle, self._settings), wakeup=self._wakeup)
@@ -312,7 +321,11 @@ class QueueListener:
                 idle = 0
                 if pending is not None:
                     await pending
-                pending = asyncio.create_task(self._process(messages), name=f"{self.name}-process")
+                pending = asyncio.create_task(self._process(messages, received), name=f"{self.name}-process")
+        except asyncio.CancelledError:
+            if pending is not None:
+                pending.cancel()  # a shutdown past its deadline: run() hands its messages back
+            raise
         finally:
             if pending is not None:
                 await pending
@@ -340,29 +353,33 @@ class QueueListener:
             return
         self._scale_to(properties.approximate_message_count or 0)
 
-    async def _process(self, messages: list[QueueMessage]) -> None:
-        """Poison the worn-out, hand the rest to the handler, then acknowledge them."""
+    async def _process(self, messages: list[QueueMessage], received: Tally) -> None:
+        """Poison the worn-out, hand the rest to the handler, then acknowledge them; every request
+        made for them counts in the tally their receive started."""
         try:
-            limit = self._settings.max_dequeue_count
-            batch = []
-            for message in messages:
-                if (message.dequeue_count or 0) > limit:
-                    await self._to_poison(message, f"max_dequeue_count_exceeded ({message.dequeue_count} > {limit})")
-                else:
-                    batch.append(message)
-            if batch:
-                await self._handle(batch)
+            with tallying(received):
+                limit = self._settings.max_dequeue_count
+                batch = []
+                for message in messages:
+                    if (message.dequeue_count or 0) > limit:
+                        await self._to_poison(message, f"max_dequeue_count_exceeded ({message.dequeue_count} > {limit})")
+                    else:
+                        batch.append(message)
+                if batch:
+                    await self._handle(batch, received)
         except Exception:  # noqa: BLE001 - a storage error here leaves messages for redelivery
             self._failed_batches += 1
             log.exception("could not finish %d messages from %s; they will be redelivered", len(messages), self.name)
-        finally:
-            async with self._lease_lock:
-                for message in messages:
-                    self._in_flight.pop(message.id, None)
+        # Done with them (a cancellation skips this: run() hands them back).
+        async with self._lease_lock:
+            for message in messages:
+                self._in_flight.pop(message.id, None)
 
-    async def _handle(self, batch: list[QueueMessage]) -> None:
+    async def _handle(self, batch: list[QueueMessage], received: Tally) -> None:
         if self._settings.delete_on_receive:
             await asyncio.gather(*(self._delete(m) for m in batch))
+        else:
+            received.charge_ahead("queue.delete", len(batch))  # the deletes after the handler: its messages carry them
         started = time.monotonic()
         try:
             poisoned = await self._handler(batch) or {}
@@ -407,6 +424,23 @@ class QueueListener:
             # The lease was lost (the message reappeared and was taken again): its new holder
             # finishes it, and the downstream idempotency absorbs the repeat.
             log.warning("message %s on %s was already gone when deleted", message.id, self.name)
+
+    async def _hand_back(self) -> None:
+        """Make messages whose handling was cancelled (a shutdown past its deadline) visible again
+        at once rather than after their visibility timeout; best effort, within a few seconds."""
+        messages = list(self._in_flight.values())
+        self._in_flight.clear()
+        if not messages:
+            return
+        released = asyncio.gather(
+            *(self._queue.update_message(m, visibility_timeout=0) for m in messages), return_exceptions=True
+        )
+        try:
+            outcomes = await asyncio.wait_for(released, timeout=HAND_BACK_SECONDS)
+        except TimeoutError:
+            outcomes = [TimeoutError()] * len(messages)
+        failed = sum(isinstance(outcome, BaseException) for outcome in outcomes)
+        log.info("handed back %d messages on %s (%d already gone or unreachable)", len(messages) - failed, self.name, failed)
 
     async def _renew_leases(self) -> None:
         """Keep received messages invisible while they wait for or go through the handler."""

@@ -121,6 +121,7 @@ class Service:
             "updated_at": datetime.now(UTC).isoformat(),
             "listeners": [listener.state().to_dict() for listener in self.listeners],
             "requests": self.storage.counter.snapshot(),
+            "requests_attributed": self.storage.counter.attributed,
             "failover": self.storage.failover.state() if self.storage.failover else {},
             "peak_rss_mib": peak_rss_mib(),
             "peak_child_rss_mib": peak_rss_mib(children=True),
@@ -129,7 +130,7 @@ class Service:
 
 def _past_deadline(running: asyncio.Task[None]) -> None:
     if not running.done():
-        log.warning("in-flight work did not finish by the shutdown deadline; its messages will be redelivered")
+        log.warning("in-flight work did not finish by the shutdown deadline: cancelled, its messages handed back")
         running.cancel()
 
 
@@ -141,8 +142,8 @@ def peak_rss_mib(*, children: bool = False) -> float:
 
 async def serve(build: Callable[[], Awaitable[Service]], *, state_file: Path | None = None) -> Service:
     """Build a service and run it until SIGINT/SIGTERM: in-flight work finishes within
-    ``settings.shutdown_deadline`` (what is still running then is cancelled, its messages left
-    unacknowledged); a second signal exits at once.
+    ``settings.shutdown_deadline`` (what is still running then is cancelled and its messages
+    handed back to their queues); a second signal exits at once.
 
     A cancelled or hard exit leaves nothing half-done: unacknowledged messages reappear after their
     visibility timeout and an uncommitted SQL transaction is rolled back.

@@ -17,6 +17,7 @@ from azure.core.pipeline.policies import SansIOHTTPPolicy
 from azure.storage.blob.aio import BlobServiceClient, ContainerClient, ExponentialRetry
 from azure.storage.queue.aio import QueueClient, QueueServiceClient
 
+from . import tally
 from .errors import ConfigurationError
 from .failover import Failover
 from .settings import Settings, poison_queue_name
@@ -69,11 +70,14 @@ class RequestCounter:
     def __init__(self) -> None:
         self.counts: Counter[str] = Counter()
         self.by_resource: Counter[str] = Counter()
+        #: How many of the requests were made for a batch of messages (see :mod:`shared.tally`).
+        self.attributed = 0
 
     def add(self, kind: str, resource: str) -> None:
         """Count one request of ``kind`` on ``resource`` (for clients without a pipeline policy)."""
         self.counts[kind] += 1
         self.by_resource[resource] += 1
+        self.attributed += tally.record(kind)
 
     def policy(self, service: str) -> SansIOHTTPPolicy:  # type: ignore[type-arg]
         """A pipeline policy for one service's clients; it runs once per attempt (after retry)."""

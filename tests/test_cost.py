@@ -99,7 +99,7 @@ def test_prices_come_from_an_editable_file(tmp_path: Path) -> None:
 
 
 def _run(mode: str, work_requests_per_1000: float) -> PipelineRun:
-    return PipelineRun(mode, 1000, 4, 1, 1000, 1, 1.0, 1000.0, 10, 10.0, 5, work_requests_per_1000, {}, {})  # type: ignore[arg-type]
+    return PipelineRun(mode, 1000, 4, 1, 1000, 1, 1.0, 1000.0, 10, 10.0, 5, work_requests_per_1000, None, {}, {})  # type: ignore[arg-type]
 
 
 def test_rates_from_bench_reports(tmp_path: Path) -> None:

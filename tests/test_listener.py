@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import random
 from collections.abc import Mapping
@@ -304,3 +305,49 @@ async def test_a_trigger_cuts_an_idle_sleep_short(storage: Storage, settings_env
     await _until(lambda: len(seen) == 3)
     listener.close()
     await runner
+
+
+async def test_a_trigger_during_an_empty_poll_is_not_lost(storage: Storage, settings_env: Settings) -> None:
+    seen: list[str] = []
+    listener = _listener(storage, settings_env, _recorder(seen), burst=False, min_idle_interval=600, max_idle_interval=3600)
+    polled, answer = asyncio.Event(), asyncio.Event()
+    receive = listener._receive
+
+    async def late_answer() -> list[QueueMessage]:
+        """The poll reaches the queue (still empty), but its answer comes back only later."""
+        got = await receive()
+        polled.set()
+        await answer.wait()
+        return got
+
+    listener._receive = late_answer  # type: ignore[method-assign]
+    runner = asyncio.create_task(listener.run())
+    await asyncio.wait_for(polled.wait(), timeout=15)
+    await _send(storage, settings_env, 2)
+    listener.wake(2)  # the trigger arrives while the empty answer is on its way
+    answer.set()
+    await _until(lambda: len(seen) == 2)  # not ten minutes later
+    listener.close()
+    await runner
+
+
+async def test_cancelled_handling_hands_messages_back_at_once(storage: Storage, settings_env: Settings) -> None:
+    handling = asyncio.Event()
+
+    async def stuck(messages: list[QueueMessage]) -> Mapping[str, str]:
+        handling.set()
+        await asyncio.sleep(3600)
+        return {}
+
+    await _send(storage, settings_env, 3)
+    listener = _listener(storage, settings_env, stuck, burst=False, visibility_timeout=600)
+    runner = asyncio.create_task(listener.run())
+    await asyncio.wait_for(handling.wait(), timeout=15)
+    listener.close()
+    runner.cancel()  # what a shutdown past its deadline does
+    with contextlib.suppress(asyncio.CancelledError):
+        await runner
+    # Visible again now, not in ten minutes; received once before, so this is their second delivery.
+    again = [m async for m in storage.queue(settings_env.requests_queue).receive_messages(max_messages=32)]
+    assert sorted(m.content for m in again) == ["m0", "m1", "m2"]
+    assert {m.dequeue_count for m in again} == {2}

@@ -80,6 +80,9 @@ def test_stopped_mid_batch_then_restarted_completes_exactly(
     assert set(codes) <= exit_codes, codes
     if signals == 2 or deadline != "30":
         assert took < 10, f"a second signal or a passed deadline ends a role at once ({took:.1f} s)"
+    if deadline != "30":
+        said = "\n".join(log.read_text() for log in logs.glob("*.log"))
+        assert "did not finish by the shutdown deadline" in said and "handed back" in said
 
     roles = {role: start(role, logs / f"{role}.log") for role in ROLES}
     try:

@@ -238,6 +238,15 @@ def test_poisoned_item_fails_the_batch_until_a_replay_completes_it(store: Store)
     assert store.batch("b1") == status
 
 
+def test_the_store_adds_requests_per_batch(store: Store) -> None:
+    store.apply([manifest("b1", work_items=2, accepted=4)], [result("w1")], requests={"b1": 7})
+    store.apply([], [result("w1"), result("w2")], requests={"b1": 5})  # a redelivery still cost requests
+    status = store.batch("b1")
+    assert status is not None and status.state == "complete"
+    assert status.requests == 12
+    assert status.to_json_dict()["requests_per_1000"] == 12 * 1000 / 4
+
+
 def test_migrations_are_idempotent_and_safe_concurrently(sql_url: str) -> None:
     errors: list[BaseException] = []
 
@@ -257,5 +266,5 @@ def test_migrations_are_idempotent_and_safe_concurrently(sql_url: str) -> None:
     with Store(sql_url) as store:
         store.migrate()
         with store.engine.connect() as conn:
-            assert conn.execute(sa.text("SELECT version_num FROM alembic_version")).scalars().all() == ["0001"]
+            assert conn.execute(sa.text("SELECT version_num FROM alembic_version")).scalars().all() == ["0002"]
         assert set(sa.inspect(store.engine).get_table_names()) >= {"batches", "work_items", "aggregates", "rejects"}
