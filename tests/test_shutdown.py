@@ -50,8 +50,9 @@ def wait_until(predicate, timeout: float) -> bool:  # type: ignore[no-untyped-de
     [
         pytest.param("30", 1, {0}, id="sigterm-finishes-in-flight-work"),
         pytest.param("0.05", 1, {0}, id="short-deadline-cancels-in-flight-work"),
-        # 143 from the handler; -15 when the role had already stopped and was tearing down.
-        pytest.param("30", 2, {128 + signal.SIGTERM, -signal.SIGTERM}, id="second-signal-exits-at-once"),
+        # 143 from the handler; -15 when the role had already stopped and was tearing down; 0 when
+        # it had nothing in flight and was gone before the second signal.
+        pytest.param("30", 2, {128 + signal.SIGTERM, -signal.SIGTERM, 0}, id="second-signal-exits-at-once"),
     ],
 )
 def test_stopped_mid_batch_then_restarted_completes_exactly(
@@ -78,6 +79,8 @@ def test_stopped_mid_batch_then_restarted_completes_exactly(
     midway = batch_status(settings)
     assert midway is not None and midway.state == "processing", "the signal came mid-batch"
     assert set(codes) <= exit_codes, codes
+    if signals == 2:
+        assert set(codes) != {0}, "a role busy with the batch was stopped by the second signal"
     if signals == 2 or deadline != "30":
         assert took < 10, f"a second signal or a passed deadline ends a role at once ({took:.1f} s)"
     if deadline != "30":
