@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
@@ -10,6 +11,7 @@ from typing import Any
 
 from pydantic import SecretStr
 
+from shared.backoff import patiently
 from shared.processes import pid_alive
 from shared.service import Service, serve
 from shared.settings import Settings
@@ -71,7 +73,7 @@ async def run_role(role: str, settings: Settings, *, burst: bool) -> None:
     """Run one role until a signal (or, with ``burst``, until drained), keeping its state
     (listeners, requests made, peak memory) in ``home/state/<role>-<pid>.json``."""
     async with Storage(settings) as storage:
-        await storage.ensure_all()
+        await patiently("storage", storage.ensure_all)  # a role started during an outage waits for it
         # Burst runs drain and exit: nothing to wake.
         triggers = None if burst else trigger_bus(settings, storage)
         options: dict[str, Any] = {"storage": storage, "settings": settings, "triggers": triggers, "burst": burst}
@@ -92,7 +94,8 @@ async def run_role(role: str, settings: Settings, *, burst: bool) -> None:
             from controller.service import Controller
             from controller.store import Store
 
-            return Controller(store=Store(settings.sql_url_value), **options)
+            store = await patiently("SQL store", lambda: asyncio.to_thread(Store, settings.sql_url_value))
+            return Controller(store=store, **options)
 
         service = await serve(build, state_file=settings.home / "state" / f"{role}-{os.getpid()}.json")
     logging.getLogger(role).info("stopped; storage requests: %s", service.state()["requests"])

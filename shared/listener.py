@@ -29,6 +29,7 @@ from azure.core.exceptions import HttpResponseError, ResourceNotFoundError
 from azure.storage.queue import QueueMessage
 from azure.storage.queue.aio import QueueClient
 
+from . import backoff
 from .errors import InfrastructureError
 from .poison import PoisonQueue, poison_queue_name
 from .settings import Settings
@@ -40,8 +41,6 @@ log = logging.getLogger(__name__)
 #: The handler gets one received batch; it returns the messages to poison (id → reason).
 Handler = Callable[[list[QueueMessage]], Awaitable[Mapping[str, str] | None]]
 
-ERROR_PAUSE_MIN = 1.0
-ERROR_PAUSE_MAX = 30.0
 HAND_BACK_SECONDS = 5.0  # at shutdown, for making cancelled messages visible again
 SERVICE_TIME_WEIGHT = 0.3  # weight of the newest sample in the per-message service time average
 
@@ -298,9 +297,9 @@ class QueueListener:
                         messages = await self._receive()
                 except Exception as exc:  # noqa: BLE001 - report, back off, keep going
                     errors += 1
-                    pause = min(ERROR_PAUSE_MIN * 2 ** (errors - 1), ERROR_PAUSE_MAX) * random.uniform(0.8, 1.2)
-                    log.warning("receive from %s failed (%s); retrying in %.1f s", self.name, exc, pause, exc_info=errors == 1)
-                    await self._sleep(pause)
+                    wait = backoff.pause(errors)
+                    log.warning("receive from %s failed (%s); retrying in %.1f s", self.name, exc, wait, exc_info=errors == 1)
+                    await self._sleep(wait)
                     continue
                 errors = 0
                 if not messages:
@@ -389,7 +388,7 @@ class QueueListener:
                 "handler failed on %d messages from %s (%s); they will be redelivered", len(batch), self.name, exc,
                 exc_info=not isinstance(exc, InfrastructureError),  # an outage needs no traceback
             )  # fmt: skip
-            await self._sleep(ERROR_PAUSE_MIN)
+            await self._sleep(backoff.PAUSE_MIN)
             return
         self._observe((time.monotonic() - started) / len(batch))
         # Acknowledge late: the handler returned, so what these messages produced is durable.

@@ -126,3 +126,20 @@ def test_a_storage_outage_mid_run_is_ridden_out(settings_env: Settings, batch: P
     # The roles say that storage failed (one whose polls fell between the SDK's retries may not
     # need to); one that retried in a busy loop would log hundreds of lines.
     assert sum(warnings.values()) >= 1 and all(count <= 20 for count in warnings.values()), warnings
+
+
+def test_roles_started_during_an_outage_wait_for_storage(settings_env: Settings, batch: Path, tmp_path: Path) -> None:
+    logs = tmp_path / "logs"
+    upstream = settings_env.storage_connection_string.get_secret_value()  # type: ignore[union-attr]
+    with FaultProxy(upstream) as proxy:
+        proxy.outage(OUTAGE_SECONDS / 2, services=SERVICES)  # storage unreachable from before the roles start
+        settings = through(proxy, settings_env, retry_total=1)
+        with role_processes(settings, logs) as processes, Store(settings.sql_url_value) as store:
+            time.sleep(OUTAGE_SECONDS / 2 + 1)
+            assert [p.poll() for p in processes] == [None, None, None], "no role gave up"
+            asyncio.run(client.submit(settings, batch, batch_id=BATCH))
+            status = client.wait_for(store, BATCH, timeout=180)
+    assert [p.returncode for p in processes] == [0, 0, 0]
+    assert_exact(batch, status)
+    said = {log.name: log.read_text() for log in logs.glob("*.log")}
+    assert all("storage unavailable" in text for text in said.values()), "each role said why it waited"
