@@ -39,7 +39,7 @@ def test_bench_measures_both_designs_and_reconciles(tmp_path: Path) -> None:
     assert naive["attributed_requests_per_1000"] >= 3000
     assert naive["work_requests_per_1000"] > 20 * optimised["work_requests_per_1000"]
     idle = report["listener"]["idle_requests_per_hour"]
-    assert idle["push (local bus)"] < idle["pull (back-off to 10 s)"] < idle["naive 1 s polling"]
+    assert idle["push (local bus)"] <= idle["pull (back-off to 10 s)"] < idle["naive 1 s polling"]  # a short window: pull may not poll
     costs = report["monthly_cost"]
     naive_cost, optimised_cost = (costs[design]["monthly_storage_cost"]["GPv2 today"] for design in ("naive", "optimised"))
     assert naive_cost > 100 * optimised_cost > 0
