@@ -87,17 +87,20 @@ class TransactionIdSet:
     """The transaction ids accepted so far in one batch, in bounded memory.
 
     Each id is remembered as a 128-bit keyed SipHash (two uint64 arrays sorted by the first half):
-    16 bytes per id whatever its length, so 10 million ids take 160 MB (twice that briefly while a
-    chunk is merged in). Within one chunk ids are compared exactly; a false "seen" across chunks needs two
+    16 bytes per id whatever its length, so 10 million ids take 160 MB. Ids are kept in sorted runs
+    of ``run_ids``; a new chunk is merged into the open run only, so merging never copies more than
+    one run. Within one chunk ids are compared exactly; a false "seen" across chunks needs two
     distinct ids with equal 128-bit hashes (about n²/2^129: never in practice).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, run_ids: int = 1 << 20) -> None:
+        self._run_ids = run_ids
+        self._sealed: list[tuple[np.ndarray, np.ndarray]] = []
         self._h1 = np.empty(0, dtype=np.uint64)
         self._h2 = np.empty(0, dtype=np.uint64)
 
     def __len__(self) -> int:
-        return len(self._h1)
+        return len(self._h1) + sum(len(h1) for h1, _ in self._sealed)
 
     @staticmethod
     def hashes(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -107,17 +110,18 @@ class TransactionIdSet:
 
     def contains(self, h1: np.ndarray, h2: np.ndarray) -> np.ndarray:
         """Which of the hashed ids were added before."""
-        left = np.searchsorted(self._h1, h1, side="left")
-        right = np.searchsorted(self._h1, h1, side="right")
         found = np.zeros(len(h1), dtype=bool)
-        single = right - left == 1
-        found[single] = self._h2[left[single]] == h2[single]
-        for i in np.flatnonzero(right - left > 1):  # equal first halves: astronomically rare
-            found[i] = bool((self._h2[left[i] : right[i]] == h2[i]).any())
+        for run1, run2 in [*self._sealed, (self._h1, self._h2)]:
+            left = np.searchsorted(run1, h1, side="left")
+            right = np.searchsorted(run1, h1, side="right")
+            single = right - left == 1
+            found[single] |= run2[left[single]] == h2[single]
+            for i in np.flatnonzero(right - left > 1):  # equal first halves: astronomically rare
+                found[i] |= bool((run2[left[i] : right[i]] == h2[i]).any())
         return found
 
     def add(self, h1: np.ndarray, h2: np.ndarray) -> None:
-        """Remember new hashed ids, given sorted by ``h1``: one linear merge."""
+        """Remember new hashed ids, given sorted by ``h1``: one linear merge into the open run."""
         at = np.searchsorted(self._h1, h1) + np.arange(len(h1))
         new = np.zeros(len(self._h1) + len(h1), dtype=bool)
         new[at] = True
@@ -125,6 +129,9 @@ class TransactionIdSet:
         merged1[at], merged2[at] = h1, h2
         merged1[~new], merged2[~new] = self._h1, self._h2
         self._h1, self._h2 = merged1, merged2
+        if len(self._h1) >= self._run_ids:
+            self._sealed.append((self._h1, self._h2))
+            self._h1, self._h2 = np.empty(0, dtype=np.uint64), np.empty(0, dtype=np.uint64)
 
 
 def validate(

@@ -170,13 +170,15 @@ def test_duplicates_keep_the_first_valid_occurrence_across_chunks() -> None:
     assert bad.column("raw").to_pylist()[0].startswith('{"transaction_id": "a"')
 
 
-def test_transaction_id_set() -> None:
-    seen = TransactionIdSet()
+@pytest.mark.parametrize("run_ids", [1 << 20, 150], ids=["one-run", "sealed-runs"])
+def test_transaction_id_set(run_ids: int) -> None:
+    seen = TransactionIdSet(run_ids=run_ids)
     ids = np.array([f"id-{i}" for i in range(1000)], dtype=object)
     h1, h2 = TransactionIdSet.hashes(ids)
-    order = np.argsort(h1)
-    seen.add(h1[order[:500]], h2[order[:500]])
-    seen.add(h1[order[500:]], h2[order[500:]])
+    for chunk in np.array_split(np.arange(1000), 10):  # chunks in file order, each sorted by h1
+        part = chunk[np.argsort(h1[chunk])]
+        assert not seen.contains(h1[part], h2[part]).any()
+        seen.add(h1[part], h2[part])
     assert len(seen) == 1000
     assert seen.contains(h1, h2).all()
     o1, o2 = TransactionIdSet.hashes(np.array(["id-1000", "ID-1"], dtype=object))
