@@ -10,6 +10,7 @@ from pathlib import Path
 
 import click
 from rich.console import Console
+from rich.markup import escape
 
 from controller import reports
 from controller.store import Store
@@ -310,5 +311,5 @@ def main(argv: list[str] | None = None) -> None:
         exc.show()
         sys.exit(exc.exit_code)
     except BillingError as exc:
-        console.print(f"[red]error:[/red] {runtime.redact(str(exc))}")
+        console.print("[red]error:[/red]", escape(runtime.redact(str(exc))), soft_wrap=True)  # one line, as written
         sys.exit(2)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -15,8 +16,8 @@ from azure.core.exceptions import ResourceExistsError
 
 from controller.store import FINAL_STATES, BatchStatus, Store
 from shared.batchfile import detect_format, read_chunks
-from shared.envelope import ClaimCheck
-from shared.errors import FileRefused
+from shared.envelope import ClaimCheck, batch_blob
+from shared.errors import FileRefused, InputError
 from shared.protocol import BatchRequest, request_envelope
 from shared.reference import load_price_book, load_tax_table
 from shared.refstore import PRICEBOOK, TAXES, ReferenceStore
@@ -27,6 +28,9 @@ from shared.tally import Tally, tallying
 from shared.triggers import trigger_bus
 
 log = logging.getLogger(__name__)
+
+#: Batch ids name blobs and prefixes (a ``/`` would nest one batch's blobs inside another's).
+BATCH_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 
 
 @dataclass(frozen=True)
@@ -62,6 +66,8 @@ async def submit(
     taxes: Path | None = None,
 ) -> Submission:
     """Check ``path`` and hand it over: inbox blob, reference data, batch request message."""
+    if batch_id is not None and not BATCH_ID.fullmatch(batch_id):
+        raise InputError(f"batch id {batch_id!r}: use 1 to 128 letters, digits, '.', '_', ':' or '-'")
     size = path.stat().st_size
     if size > settings.max_file_bytes:
         raise FileRefused(f"{path.name} is {size:,} bytes, over the limit of {settings.max_file_bytes:,} (BILLING_MAX_FILE_BYTES)")
@@ -96,7 +102,7 @@ async def submit(
             except ResourceExistsError:
                 return Submission(batch_id, fmt, duplicate=True, requests=storage.counter.snapshot())
             claim_check = ClaimCheck(storage, container=settings.work_container, limit=settings.max_message_bytes)
-            await claim_check.send(settings.requests_queue, request_envelope(request), blob_name=f"request/{batch_id}")
+            await claim_check.send(settings.requests_queue, request_envelope(request), blob_name=batch_blob(batch_id, "request"))
             await _announce(settings, storage)
             return Submission(batch_id, fmt, duplicate=False, requests=storage.counter.snapshot())
 

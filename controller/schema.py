@@ -109,6 +109,8 @@ batches = sa.Table(
     # Storage and Service Bus requests made for the batch (see shared.tally), counted as it runs.
     sa.Column("requests", sa.BigInteger, nullable=False, server_default="0"),
     sa.Column("updated_at", UTCDateTime(), nullable=False),
+    # When the batch's claim-check blobs were deleted (see Controller.clean_up).
+    sa.Column("claims_deleted_at", UTCDateTime(), nullable=True),
 )
 
 #: Every work item ever recorded (the idempotency key); ``poison_reason`` set when it was poisoned instead.

@@ -6,6 +6,7 @@ import asyncio
 import logging
 from collections import Counter
 from collections.abc import Mapping
+from datetime import UTC, datetime, timedelta
 
 from azure.storage.queue import QueueMessage
 
@@ -25,6 +26,9 @@ from .store import Store
 
 log = logging.getLogger(__name__)
 
+#: Longest wait between two looks for batches whose claim-check blobs are due for deletion.
+CLEAN_UP_INTERVAL = 60.0
+
 
 class Controller(Service):
     """Records manifests and partial aggregates, idempotently, and completes batches."""
@@ -40,6 +44,7 @@ class Controller(Service):
         # SQL writes serialise per batch anyway: one dequeue task, full batches.
         poison = PoisonQueue(storage, self.claim_check, notify=settings.results_queue)
         self.listen(settings.results_queue, self.handle, poison=poison, max_tasks=1)
+        self.repeat(min(CLEAN_UP_INTERVAL, max(1.0, settings.claim_check_retention)), self.clean_up)
         if storage.secondary is not None and settings.enable_syphon:
             add_syphon(self)
 
@@ -72,6 +77,17 @@ class Controller(Service):
                 log.error("batch %s failed: work items went to a poison queue (see `billing poison list`)", batch_id)
         # Committed: the listener may now delete these messages.
         return poisoned
+
+    async def clean_up(self) -> None:
+        """Delete the claim-check blobs of batches settled longer ago than the retention.
+
+        Costs storage requests only when a batch is due: finding batches is a SQL query.
+        """
+        settled_before = datetime.now(UTC) - timedelta(seconds=self.settings.claim_check_retention)
+        for batch_id in await asyncio.to_thread(self.store.claims_to_delete, settled_before):
+            deleted = await self.claim_check.delete_batch(batch_id)
+            await asyncio.to_thread(self.store.mark_claims_deleted, batch_id)
+            log.info("batch %s: %d claim-check blobs deleted", batch_id, deleted)
 
     async def aclose(self) -> None:
         await asyncio.to_thread(self.store.close)

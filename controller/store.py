@@ -67,6 +67,7 @@ class BatchStatus:
     latency_seconds: float | None
     requests: int
     updated_at: datetime
+    claims_deleted_at: datetime | None
 
     @property
     def requests_per_1000(self) -> float | None:
@@ -214,6 +215,12 @@ class Store:
             failed_batches=failed,
         )
 
+    def mark_claims_deleted(self, batch_id: str) -> None:
+        """Record that ``batch_id``'s claim-check blobs are gone."""
+        with self._write() as conn:
+            update = sa.update(batches).where(batches.c.batch_id == batch_id)
+            conn.execute(update.values(claims_deleted_at=datetime.now(UTC)))
+
     # -- reads ----------------------------------------------------------------------------------------
 
     def batch(self, batch_id: str) -> BatchStatus | None:
@@ -227,6 +234,17 @@ class Store:
         with self._engine.connect() as conn:
             found = [_status(row) for row in conn.execute(sa.select(batches)).mappings()]
         return sorted(found, key=lambda s: (s.accepted_at is None, s.accepted_at or s.updated_at, s.batch_id))
+
+    def claims_to_delete(self, settled_before: datetime) -> list[str]:
+        """Batches ``complete`` or ``refused`` (nothing will read their claim checks again) since
+        before ``settled_before`` whose claim-check blobs are still there."""
+        query = sa.select(batches.c.batch_id).where(
+            batches.c.state.in_(("complete", "refused")),
+            batches.c.updated_at < settled_before,
+            batches.c.claims_deleted_at.is_(None),
+        )
+        with self._engine.connect() as conn:
+            return list(conn.scalars(query.order_by(batches.c.updated_at)))
 
     # -- internals ------------------------------------------------------------------------------------
 

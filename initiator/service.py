@@ -12,7 +12,7 @@ from typing import BinaryIO
 from azure.core.exceptions import ResourceNotFoundError
 from azure.storage.queue import QueueMessage
 
-from shared.envelope import ClaimCheck
+from shared.envelope import ClaimCheck, batch_blob
 from shared.errors import InputError, PoisonMessage
 from shared.messages import REJECT_SCHEMA, Manifest
 from shared.poison import PoisonQueue
@@ -110,7 +110,7 @@ class Initiator(Service):
         """Send one work item; the first on each queue wakes its processors at once."""
         try:
             await self.claim_check.send(
-                queue, work_envelope(header, encoded), blob_name=f"work/{header.batch_id}/{header.work_item_id}"
+                queue, work_envelope(header, encoded), blob_name=batch_blob(header.batch_id, "work", header.work_item_id)
             )
         finally:
             self._sends.release()
@@ -131,7 +131,8 @@ class Initiator(Service):
             rejects=outcome.rejects if outcome else REJECT_SCHEMA.empty_table(),
             refused=refused,
         )
-        await self.claim_check.send(self.settings.results_queue, manifest_envelope(manifest), blob_name=f"manifest/{request.batch_id}")
+        envelope = manifest_envelope(manifest)
+        await self.claim_check.send(self.settings.results_queue, envelope, blob_name=batch_blob(request.batch_id, "manifest"))
         await self.announce({self.settings.results_queue: (1, 0)})
         log.info(
             "batch %s: %d rows, %d accepted, %d rejected, %d work items",

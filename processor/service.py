@@ -12,7 +12,7 @@ from concurrent.futures import ProcessPoolExecutor
 
 from azure.storage.queue import QueueMessage
 
-from shared.envelope import ClaimCheck
+from shared.envelope import ClaimCheck, batch_blob
 from shared.errors import PoisonMessage
 from shared.poison import PoisonQueue
 from shared.protocol import WorkHeader, parse_work_header
@@ -69,7 +69,9 @@ class Processor(Service):
         envelope, bad = await loop.run_in_executor(self._pool, rate_work_items, items, references)
         poisoned.update({rated[index].id: reason for index, reason in bad.items()})
         if envelope is not None:
-            await self.claim_check.send(self.settings.results_queue, envelope, blob_name=f"results/{uuid.uuid4().hex}")
+            # Named after the first item's batch: the blob is spent once that batch is complete.
+            blob_name = batch_blob(items[0][0].batch_id, "results", uuid.uuid4().hex)
+            await self.claim_check.send(self.settings.results_queue, envelope, blob_name=blob_name)
             await self.announce({self.settings.results_queue: (1, sum(header.rows for header, _ in items))})
         # The results are enqueued: from here the inputs may be deleted.
         return poisoned

@@ -3,18 +3,22 @@
 A message is a small JSON object: its ``kind``, free-form ``headers``, the payload's SHA-256
 and either the payload inline (base64) or a reference to the blob holding it. :class:`ClaimCheck`
 decides which: inline when the whole message stays under the queue's size limit, else a blob.
+A batch's blobs share one prefix (:func:`batch_blob`) so they can be deleted together once it is done.
 Inside a :mod:`~shared.tally` a message also carries the ``requests`` that produced it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
+import contextlib
 import json
 from dataclasses import dataclass, field
 from typing import Any
 
 from azure.core.exceptions import ResourceNotFoundError
+from azure.storage.blob.aio import ContainerClient
 
 from . import tally
 from .errors import PoisonMessage
@@ -27,6 +31,13 @@ SECONDARY = "secondary"
 FRAMING_ALLOWANCE = 1024
 #: Room for the ``"data"`` key and the ``requests`` stamp around the payload.
 STAMP_ALLOWANCE = 48
+#: Claim-check blobs of a batch live under ``batches/<batch id>/``.
+BATCH_PREFIX = "batches"
+
+
+def batch_blob(batch_id: str, *parts: str) -> str:
+    """The name of a claim-check blob for ``batch_id``: ``batches/<batch id>/<parts...>``."""
+    return "/".join((BATCH_PREFIX, batch_id, *parts))
 
 
 @dataclass(frozen=True)
@@ -100,6 +111,18 @@ class ClaimCheck:
         tally.record(tally.INHERITED, requests)
         return Envelope(kind, headers, payload, requests)
 
+    async def delete_batch(self, batch_id: str) -> int:
+        """Delete every claim-check blob of ``batch_id`` (in the secondary account too, where
+        failovers wrote some); return how many there were."""
+        prefix = batch_blob(batch_id, "")
+        deleted = 0
+        for storage in filter(None, (self._storage, self._storage.secondary)):
+            container = storage.container(self._container)
+            names = [blob.name async for blob in container.list_blobs(name_starts_with=prefix)]
+            await asyncio.gather(*(_delete_blob(container, name) for name in names))
+            deleted += len(names)
+        return deleted
+
     async def _download(self, container: str, name: str, *, secondary: bool) -> bytes:
         storage = self._storage.secondary if secondary else self._storage
         if storage is None:
@@ -109,3 +132,8 @@ class ClaimCheck:
             return await stream.readall()
         except ResourceNotFoundError as exc:
             raise PoisonMessage("missing_claim_check", f"blob {container}/{name} not found") from exc
+
+
+async def _delete_blob(container: ContainerClient, name: str) -> None:
+    with contextlib.suppress(ResourceNotFoundError):  # another controller got there first
+        await container.delete_blob(name)

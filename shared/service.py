@@ -40,6 +40,7 @@ class Service:
         self.triggers = triggers
         self.burst = burst
         self.listeners: list[QueueListener] = []
+        self._chores: list[tuple[float, Callable[[], Awaitable[None]]]] = []
         if triggers is not None:
             triggers.subscribe(self._on_trigger)
 
@@ -63,6 +64,11 @@ class Service:
         self.listeners.append(listener)
         return listener
 
+    def repeat(self, interval: float, chore: Callable[[], Awaitable[None]]) -> None:
+        """Run ``chore`` at start and then every ``interval`` seconds while the listeners run; a
+        failure is logged and the chore tried again at the next interval."""
+        self._chores.append((interval, chore))
+
     async def announce(self, counts: Mapping[str, tuple[int, int]]) -> None:
         """Tell listeners elsewhere that work arrived: queue → (messages, transactions). A hint:
         failures are logged by the bus, never raised."""
@@ -82,7 +88,8 @@ class Service:
         if self.triggers is not None:
             await self.triggers.start()
         listeners = [asyncio.create_task(listener.run(), name=listener.name) for listener in self.listeners]
-        tasks = [*listeners, *([asyncio.create_task(self._keep_state(state_file))] if state_file else [])]
+        chores = [asyncio.create_task(_repeating(interval, chore)) for interval, chore in self._chores]
+        tasks = [*listeners, *chores, *([asyncio.create_task(self._keep_state(state_file))] if state_file else [])]
         try:
             await asyncio.gather(*listeners)
         finally:
@@ -126,6 +133,15 @@ class Service:
             "peak_rss_mib": peak_rss_mib(),
             "peak_child_rss_mib": peak_rss_mib(children=True),
         }
+
+
+async def _repeating(interval: float, chore: Callable[[], Awaitable[None]]) -> None:
+    while True:
+        try:
+            await chore()
+        except Exception as exc:  # noqa: BLE001 - a chore's failure must not stop the role
+            log.warning("%s failed, trying again in %.0f s: %s", getattr(chore, "__name__", chore), interval, exc)
+        await asyncio.sleep(interval)
 
 
 def _past_deadline(running: asyncio.Task[None]) -> None:

@@ -49,6 +49,9 @@ class Settings(BaseSettings):
     work_item_size: int = Field(default=1000, ge=1, le=100_000)
     max_message_bytes: int = Field(default=64 * 1024, ge=1024)
     max_file_bytes: int = Field(default=50 * 1024**3, ge=1)  # a batch file larger than this is refused
+    # A complete batch's claim-check blobs are deleted this long after it completed (the controller
+    # sweeps); keep it above the visibility timeout so a late duplicate still finds its blob.
+    claim_check_retention: float = Field(default=24 * 3600.0, ge=0)
 
     # Listener (names follow the whitepaper; see README for host.json equivalents).
     dequeue_batch_size: int = Field(default=32, ge=1, le=32)

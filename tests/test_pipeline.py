@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 from decimal import Decimal
 from pathlib import Path
@@ -14,6 +15,7 @@ from collections.abc import Iterator
 import pytest
 
 from billing.demo import role_processes
+from shared.envelope import BATCH_PREFIX, batch_blob
 from shared.sample import generate
 from shared.settings import Settings
 from shared.storage import Storage
@@ -31,13 +33,14 @@ def pipeline_env(settings_env: Settings, monkeypatch: pytest.MonkeyPatch, reques
     return Settings()
 
 
-def work_blobs(settings: Settings) -> int:
-    """How many work items went by claim check."""
-    async def count() -> int:
+def claim_checks(settings: Settings, batch_id: str = "") -> list[str]:
+    """The names of the claim-check blobs of ``batch_id`` (of every batch if empty)."""
+    async def names() -> list[str]:
         async with Storage(settings) as storage:
-            return len([b async for b in storage.container(settings.work_container).list_blobs(name_starts_with="work/")])
+            prefix = batch_blob(batch_id, "") if batch_id else BATCH_PREFIX
+            return [b.name async for b in storage.container(settings.work_container).list_blobs(name_starts_with=prefix)]
 
-    return asyncio.run(count())
+    return asyncio.run(names())
 
 
 @pytest.mark.parametrize(
@@ -79,7 +82,37 @@ def test_batches_in_every_format_come_out_exact(pipeline_env: Settings, tmp_path
         assert [{"row": r["row"], "reason": r["reason"]} for r in report("rejects", batch_id)] == rejects
         assert len(rejects) > 0, "the sample carries defects, so rejects are exercised"
     # A full 3,000-row item (~100 KB encoded) cannot travel inline; the short last one and 300-row items can.
-    assert work_blobs(pipeline_env) == (len(batches) if pipeline_env.work_item_size == 3_000 else 0)
+    work_blobs = [name for name in claim_checks(pipeline_env) if name.split("/")[2] == "work"]
+    assert len(work_blobs) == (len(batches) if pipeline_env.work_item_size == 3_000 else 0)
+
+
+@pytest.mark.parametrize("pipeline_env", [pytest.param(3_000, id="claim-checked-work-items")], indirect=True)
+def test_a_complete_batch_loses_its_claim_checks_after_the_retention(
+    pipeline_env: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("BILLING_CLAIM_CHECK_RETENTION", "0")
+    path = tmp_path / "batch.csv"
+    generate(ROWS, path, seed=11, reject_rate=0.02)
+    with role_processes(pipeline_env, tmp_path / "logs"):
+        billing("submit", str(path), "--batch-id", "swept", "--wait")
+        deadline = time.monotonic() + 30
+        while json.loads(billing("status", "swept", "--json").stdout)["claims_deleted_at"] is None:
+            assert time.monotonic() < deadline, "the controller did not delete the claim checks within 30 s"
+            time.sleep(0.5)
+    assert claim_checks(pipeline_env, "swept") == []
+    controller_log = (tmp_path / "logs" / "controller-2.log").read_text()
+    deleted = re.search(r"batch swept: (\d+) claim-check blobs deleted", controller_log)
+    assert deleted and int(deleted.group(1)) >= 1, "the 3,000-transaction work item went by claim check"
+
+    async def inbox() -> list[str]:
+        async with Storage(pipeline_env) as storage:
+            return [b.name async for b in storage.container(pipeline_env.inbox_container).list_blobs()]
+
+    assert asyncio.run(inbox()) == ["swept"], "the submitted file itself is kept"
+    aggregates, invoices, _ = expected(read_raw(path))
+    got = [{**record, "quantity": Decimal(record["quantity"])} for record in report("aggregates", "swept")]
+    assert sorted(got, key=_key) == aggregates
+    assert sorted(report("invoices", "swept"), key=_key) == invoices
 
 
 @pytest.fixture(params=["local", "servicebus"])

@@ -16,9 +16,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import sqlalchemy as sa
+from alembic.script import ScriptDirectory
 
 from controller import reports
-from controller.store import Store
+from controller.store import MIGRATIONS, Store
 from shared.messages import PARTIAL_SCHEMA, REJECT_SCHEMA, Manifest, WorkItemResult
 from shared.protocol import PoisonNotice
 
@@ -247,6 +248,24 @@ def test_the_store_adds_requests_per_batch(store: Store) -> None:
     assert status.to_json_dict()["requests_per_1000"] == 12 * 1000 / 4
 
 
+def test_only_settled_batches_past_the_retention_lose_their_claim_checks(store: Store) -> None:
+    store.apply([manifest("complete", work_items=1, accepted=1)], [result("c1", partial(), batch_id="complete")])
+    store.apply([manifest("refused", work_items=0, accepted=0, refused="file is not UTF-8")], [])
+    store.apply([manifest("processing", work_items=2, accepted=2)], [result("p1", partial(), batch_id="processing")])
+    store.apply([manifest("failed", work_items=1, accepted=1)], [], [PoisonNotice("failed", "f1", "checksum_mismatch")])
+    now = datetime.now(UTC)
+
+    assert store.claims_to_delete(now - timedelta(hours=1)) == []  # settled too recently
+    assert sorted(store.claims_to_delete(now + timedelta(seconds=1))) == ["complete", "refused"]  # a failed batch can be replayed
+    store.mark_claims_deleted("complete")
+    assert store.claims_to_delete(now + timedelta(seconds=1)) == ["refused"]
+    status = store.batch("complete")
+    assert status is not None and status.claims_deleted_at is not None
+    assert status.to_json_dict()["claims_deleted_at"] == status.claims_deleted_at.isoformat()
+    store.apply([], [result("c1", partial(), batch_id="complete")])  # a late duplicate keeps the mark
+    assert store.claims_to_delete(now + timedelta(hours=1)) == ["refused"]
+
+
 def test_migrations_are_idempotent_and_safe_concurrently(sql_url: str) -> None:
     errors: list[BaseException] = []
 
@@ -266,5 +285,6 @@ def test_migrations_are_idempotent_and_safe_concurrently(sql_url: str) -> None:
     with Store(sql_url) as store:
         store.migrate()
         with store.engine.connect() as conn:
-            assert conn.execute(sa.text("SELECT version_num FROM alembic_version")).scalars().all() == ["0002"]
+            head = ScriptDirectory(str(MIGRATIONS)).get_current_head()
+            assert conn.execute(sa.text("SELECT version_num FROM alembic_version")).scalars().all() == [head]
         assert set(sa.inspect(store.engine).get_table_names()) >= {"batches", "work_items", "aggregates", "rejects"}

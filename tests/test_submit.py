@@ -95,3 +95,13 @@ def test_invalid_reference_data_is_refused_before_anything_is_stored(
     assert result.returncode != 0
     assert "*" in result.stderr
     assert asyncio.run(_queued_and_inbox(settings_env)) == (0, 0)
+
+
+@pytest.mark.parametrize("batch_id", ["a/b", "", "x" * 129, "spaces are not ids"])
+def test_a_batch_id_that_cannot_name_blobs_is_refused(settings_env: Settings, tmp_path: Path, product: str, batch_id: str) -> None:
+    path = tmp_path / "batch.csv"
+    path.write_text(HEADER + GOOD_ROW.format(product=product))
+    result = billing("submit", str(path), "--batch-id", batch_id)
+    assert result.returncode != 0
+    assert "batch id" in result.stderr and len(result.stderr.strip().splitlines()) == 1
+    assert asyncio.run(_queued_and_inbox(settings_env)) == (0, 0)
