@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import importlib
 import json
 import sys
 from dataclasses import asdict
 from pathlib import Path
+from types import ModuleType
 
 import click
 from rich.console import Console
@@ -15,14 +17,16 @@ from rich.markup import escape
 from controller import reports
 from controller.store import Store
 from shared.errors import BillingError
-from shared.sample import generate, write_price_book, write_tax_table
-from shared.service import STATE_INTERVAL
+from shared.logs import configure_logging, redact
+from shared.messaging.runtime import RoleFactory, role_states, run_role
+from shared.messaging.service import STATE_INTERVAL
+from shared.messaging.storage import Storage
+from shared.messaging.syphon import backlog_depths
+from shared.rules.sample import generate, write_price_book, write_tax_table
 from shared.settings import Settings
-from shared.storage import Storage
-from shared.syphon import backlog_depths
 
-from . import bench, client, cost, demo, listenbench, poison, progress, runtime
-from .stack import AzuriteStack
+from . import client, cost, demo, poison, progress
+from .stack import AzuriteStack, resolve
 
 console = Console(stderr=True)
 ROLES = ("initiator", "processor", "controller")
@@ -32,7 +36,7 @@ ROLES = ("initiator", "processor", "controller")
 @click.option("-v", "--verbose", is_flag=True, help="Debug logging.")
 def cli(verbose: bool) -> None:
     """A queue-based billing pipeline on Azure Storage (Azurite locally) and SQL."""
-    runtime.configure_logging(verbose)
+    configure_logging(verbose)
 
 
 @cli.command()
@@ -41,8 +45,8 @@ def up() -> None:
     settings = Settings()
     connection = AzuriteStack(home=settings.home).start()
     click.echo(f"BILLING_HOME={settings.home}")
-    click.echo(f"BILLING_STORAGE_CONNECTION_STRING={runtime.redact(connection)}")
-    click.echo(f"BILLING_SQL_URL={runtime.redact(settings.sql_url_value)}")
+    click.echo(f"BILLING_STORAGE_CONNECTION_STRING={redact(connection)}")
+    click.echo(f"BILLING_SQL_URL={redact(settings.sql_url_value)}")
     click.echo("Other billing commands with the same BILLING_HOME use this stack.")
 
 
@@ -53,12 +57,31 @@ def down() -> None:
     click.echo("local stack stopped")
 
 
+def _factory(role: str) -> RoleFactory:
+    """The role's builder, imported only in the process that runs it."""
+    if role == "initiator":
+        from initiator.service import Initiator
+
+        return Initiator
+    if role == "processor":
+        from processor.service import Processor
+
+        return Processor
+    if role == "syphon":
+        from shared.messaging.syphon import SyphonService
+
+        return SyphonService
+    from controller.service import Controller
+
+    return Controller.create
+
+
 def _role_command(role: str) -> click.Command:
     @click.option("--burst", is_flag=True, help="Drain what is queued, then exit.")
     @click.option("--partitions", type=int, help="Number of input queues (BILLING_PARTITIONS).")
     def command(burst: bool, partitions: int | None) -> None:
-        settings = runtime.resolve(partitions=partitions)
-        asyncio.run(runtime.run_role(role, settings, burst=burst))
+        settings = resolve(partitions=partitions)
+        asyncio.run(run_role(role, _factory(role), settings, burst=burst))
 
     command.__doc__ = f"Run the {role} until SIGINT/SIGTERM (or drained, with --burst)."
     return click.command(role)(command)
@@ -75,9 +98,11 @@ for _role in (*ROLES, "syphon"):
 @click.option("--taxes", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("--wait", is_flag=True, help="Block until the batch is complete and print its summary.")
 @click.option("--timeout", type=float, help="With --wait: give up after this many seconds.")
-def submit(file: Path, batch_id: str | None, pricebook: Path | None, taxes: Path | None, wait: bool, timeout: float | None) -> None:
+def submit(
+    file: Path, batch_id: str | None, pricebook: Path | None, taxes: Path | None, wait: bool, timeout: float | None
+) -> None:
     """Submit one batch file (CSV, JSON Lines or Parquet)."""
-    settings = runtime.resolve()
+    settings = resolve()
     outcome = asyncio.run(client.submit(settings, file, batch_id=batch_id, pricebook=pricebook, taxes=taxes))
     if outcome.duplicate:
         click.echo(f"batch {outcome.batch_id} was already submitted; nothing changed")
@@ -106,8 +131,8 @@ def status(batch_id: str | None, as_json: bool) -> None:
     if batch_id:
         click.echo(json.dumps(rows[0], indent=2) if as_json else " ".join(f"{k}={v}" for k, v in rows[0].items()))
         return
-    roles = runtime.role_states(settings)
-    backlog = asyncio.run(_backlog(runtime.resolve(settings))) if settings.has_secondary else {}
+    roles = role_states(settings)
+    backlog = asyncio.run(_backlog(resolve(settings))) if settings.has_secondary else {}
     if as_json:
         click.echo(json.dumps({"batches": rows, "roles": roles, "backlog": backlog}, indent=2))
         return
@@ -117,7 +142,9 @@ def status(batch_id: str | None, as_json: bool) -> None:
         tasks = sum(listener["active_tasks"] for listener in state["listeners"])
         click.echo(f"{state['role']} pid={state['pid']} dequeue_tasks={tasks} storage_requests={state['requests']}")
         for destination, route in state["failover"].items():
-            click.echo(f"  {destination}: {route['health']} (failovers={route['failovers']}, sent to backlog={route['backlog_sent']})")
+            click.echo(
+                f"  {destination}: {route['health']} (failovers={route['failovers']}, sent to backlog={route['backlog_sent']})"
+            )
     for queue, depth in backlog.items():
         click.echo(f"backlog {queue}: {depth} message(s)")
 
@@ -147,8 +174,10 @@ def poison_group() -> None:
     """Inspect, replay and purge messages that could not be processed."""
 
 
-def _poison_targets(ids: tuple[str, ...], queue: str | None, every: bool) -> tuple[Settings, list[str], list[str] | None]:
-    settings = runtime.resolve()
+def _poison_targets(
+    ids: tuple[str, ...], queue: str | None, every: bool
+) -> tuple[Settings, list[str], list[str] | None]:
+    settings = resolve()
     if not ids and not every:
         raise click.UsageError("name entry or message ids, or pass --all")
     return settings, [queue] if queue else settings.all_queues, list(ids) or None
@@ -158,9 +187,13 @@ def _poison_targets(ids: tuple[str, ...], queue: str | None, every: bool) -> tup
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def poison_list(as_json: bool) -> None:
     """Per queue: how many messages were poisoned, and the first ones with their reasons."""
-    found = asyncio.run(poison.overview(runtime.resolve()))
+    found = asyncio.run(poison.overview(resolve()))
     if as_json:
-        click.echo(json.dumps([{"queue": q, "count": n, "entries": [asdict(e) for e in entries]} for q, n, entries in found], indent=2))
+        click.echo(
+            json.dumps(
+                [{"queue": q, "count": n, "entries": [asdict(e) for e in entries]} for q, n, entries in found], indent=2
+            )
+        )
     else:
         poison.print_overview(found, Console())
 
@@ -222,13 +255,21 @@ def demo_command(rows: int, seed: int) -> None:
     demo.run(rows=rows, seed=seed, console=console)
 
 
+def _benchmark(name: str) -> ModuleType:
+    """A module of the ``benchmarks`` package, which needs the optional ``bench`` dependencies."""
+    try:
+        return importlib.import_module(f"benchmarks.{name}")
+    except ImportError as exc:
+        raise click.ClickException(f"{exc}: install the benchmarks with `pip install -e '.[bench]'`") from exc
+
+
 @cli.command("bench-listener")
 @click.option("--trials", default=50, show_default=True, help="Trigger wake-ups timed per backend.")
 @click.option("--idle-seconds", default=60.0, show_default=True, help="Idle window measured per mode.")
 @click.option("--output", type=click.Path(dir_okay=False, path_type=Path), default=Path("bench-listener.json"))
 def bench_listener_command(trials: int, idle_seconds: float, output: Path) -> None:
     """Measure trigger wake-up latency, idle requests per hour and scaling of the listener."""
-    listenbench.run(trials=trials, idle_seconds=idle_seconds, output=output, console=console)
+    _benchmark("listener").run(trials=trials, idle_seconds=idle_seconds, output=output, console=console)
 
 
 @cli.command("bench")
@@ -238,41 +279,87 @@ def bench_listener_command(trials: int, idle_seconds: float, output: Path) -> No
 @click.option("--scaling-rows", type=int, help="Also measure partitions 1/2/4/8 × processors 1/2/3 with this batch.")
 @click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path), default=Path(".billing/bench-data"))
 @click.option("--output", type=click.Path(dir_okay=False, path_type=Path), default=Path("bench-results.json"))
-def bench_command(rows: int, compare_rows: int, idle_seconds: float, scaling_rows: int | None, data_dir: Path, output: Path) -> None:
+def bench_command(
+    rows: int, compare_rows: int, idle_seconds: float, scaling_rows: int | None, data_dir: Path, output: Path
+) -> None:
     """Measure the pipeline against the naive design: throughput, requests, idle cost, memory (JSON + PNG)."""
-    bench.run(
-        rows=rows, compare_rows=compare_rows, idle_seconds=idle_seconds, scaling_rows=scaling_rows, data_dir=data_dir,
-        output=output, console=console,
-    )  # fmt: skip
+    _benchmark("pipeline").run(
+        rows=rows,
+        compare_rows=compare_rows,
+        idle_seconds=idle_seconds,
+        scaling_rows=scaling_rows,
+        data_dir=data_dir,
+        output=output,
+        console=console,
+    )
 
 
 @cli.command("cost")
-@click.option("--from-bench", type=click.Path(exists=True, dir_okay=False, path_type=Path),
-              help="Rates from `billing bench` JSON (or idle rate from `billing bench-listener` JSON).")
-@click.option("--design", type=click.Choice(list(cost.BENCH_KEYS)), default="optimised", show_default=True,
-              help="Which design's rates to take from --from-bench.")
-@click.option("--window", type=click.FloatRange(min=2 * STATE_INTERVAL),
-              help="Instead: measure the running roles this many seconds; project that rate all day.")
+@click.option(
+    "--from-bench",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="Rates from `billing bench` JSON (or idle rate from `billing bench-listener` JSON).",
+)
+@click.option(
+    "--design",
+    type=click.Choice(list(cost.BENCH_KEYS)),
+    default="optimised",
+    show_default=True,
+    help="Which design's rates to take from --from-bench.",
+)
+@click.option(
+    "--window",
+    type=click.FloatRange(min=2 * STATE_INTERVAL),
+    help="Instead: measure the running roles this many seconds; project that rate all day.",
+)
 @click.option("--requests-per-1000", type=float, help="Storage requests per 1,000 transactions.")
 @click.option("--idle-requests-per-hour", type=float, help="Storage requests per idle hour per processor.")
-@click.option("--servicebus-per-1000", type=float, default=0.0, show_default=True, help="Service Bus operations per 1,000 tx.")
+@click.option(
+    "--servicebus-per-1000", type=float, default=0.0, show_default=True, help="Service Bus operations per 1,000 tx."
+)
 @click.option("--daily-transactions", type=int, default=10_000_000, show_default=True)
 @click.option("--idle-hours", type=click.FloatRange(0, 24), default=22.0, show_default=True, help="Idle hours per day.")
 @click.option("--processors", type=click.IntRange(min=1), default=1, show_default=True)
 @click.option("--whitepaper", is_flag=True, help="Only the whitepaper's example; no rates needed.")
-@click.option("--prices", "prices_file", type=click.Path(exists=True, dir_okay=False, path_type=Path), help="A prices.toml of your own.")
+@click.option(
+    "--prices",
+    "prices_file",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="A prices.toml of your own.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_context
 def cost_command(
-    ctx: click.Context, from_bench: Path | None, design: cost.Design, window: float | None, requests_per_1000: float | None,
-    idle_requests_per_hour: float | None, servicebus_per_1000: float, daily_transactions: int, idle_hours: float,
-    processors: int, whitepaper: bool, prices_file: Path | None, as_json: bool,
-) -> None:  # fmt: skip
+    ctx: click.Context,
+    from_bench: Path | None,
+    design: cost.Design,
+    window: float | None,
+    requests_per_1000: float | None,
+    idle_requests_per_hour: float | None,
+    servicebus_per_1000: float,
+    daily_transactions: int,
+    idle_hours: float,
+    processors: int,
+    whitepaper: bool,
+    prices_file: Path | None,
+    as_json: bool,
+) -> None:
     """Project monthly cost from measured requests, and compute the whitepaper's idle example."""
     if window is not None or whitepaper:
-        rate_options = ("from_bench", "design", "requests_per_1000", "idle_requests_per_hour", "servicebus_per_1000",
-                        "daily_transactions", "idle_hours", "processors", "whitepaper" if window is not None else "window")  # fmt: skip
-        given = [name for name in rate_options if ctx.get_parameter_source(name) is not click.core.ParameterSource.DEFAULT]
+        rate_options = (
+            "from_bench",
+            "design",
+            "requests_per_1000",
+            "idle_requests_per_hour",
+            "servicebus_per_1000",
+            "daily_transactions",
+            "idle_hours",
+            "processors",
+            "whitepaper" if window is not None else "window",
+        )
+        given = [
+            name for name in rate_options if ctx.get_parameter_source(name) is not click.core.ParameterSource.DEFAULT
+        ]
         if given:
             mode = "--window" if window is not None else "--whitepaper"
             raise click.UsageError(f"{mode} takes no {', '.join('--' + n.replace('_', '-') for n in given)}")
@@ -282,18 +369,34 @@ def cost_command(
         settings = Settings()
         measured = cost.measure_window(settings, window)
         if not measured["roles"]:
-            raise click.ClickException(f"no role ran under BILLING_HOME={settings.home} through the {window:g} s window")
+            raise click.ClickException(
+                f"no role ran under BILLING_HOME={settings.home} through the {window:g} s window"
+            )
         result = {"measured": measured, "projection": cost.project(cost.window_workload(measured), prices)}
     elif not whitepaper:
         rates = cost.from_bench(from_bench, design) if from_bench else {}
-        rates.update({k: v for k, v in (("requests_per_1000", requests_per_1000), ("idle_requests_per_hour", idle_requests_per_hour)) if v is not None})
+        rates.update(
+            {
+                k: v
+                for k, v in (
+                    ("requests_per_1000", requests_per_1000),
+                    ("idle_requests_per_hour", idle_requests_per_hour),
+                )
+                if v is not None
+            }
+        )
         if missing := sorted({"requests_per_1000", "idle_requests_per_hour"} - set(rates)):
-            raise click.UsageError(f"missing {', '.join('--' + m.replace('_', '-') for m in missing)}: give --from-bench, "
-                                   "--window, --whitepaper, or both --requests-per-1000 and --idle-requests-per-hour")  # fmt: skip
+            raise click.UsageError(
+                f"missing {', '.join('--' + m.replace('_', '-') for m in missing)}: give --from-bench, "
+                "--window, --whitepaper, or both --requests-per-1000 and --idle-requests-per-hour"
+            )
         workload = cost.Workload(
-            **rates, servicebus_per_1000=servicebus_per_1000, daily_transactions=daily_transactions, idle_hours=idle_hours,
+            **rates,
+            servicebus_per_1000=servicebus_per_1000,
+            daily_transactions=daily_transactions,
+            idle_hours=idle_hours,
             processors=processors,
-        )  # fmt: skip
+        )
         result = {"projection": cost.project(workload, prices)}
     result["whitepaper_example"] = cost.whitepaper_example(prices)
     if as_json:
@@ -311,5 +414,5 @@ def main(argv: list[str] | None = None) -> None:
         exc.show()
         sys.exit(exc.exit_code)
     except BillingError as exc:
-        console.print("[red]error:[/red]", escape(runtime.redact(str(exc))), soft_wrap=True)  # one line, as written
+        console.print("[red]error:[/red]", escape(redact(str(exc))), soft_wrap=True)  # one line, as written
         sys.exit(2)

@@ -9,23 +9,23 @@ import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from azure.core.exceptions import ResourceExistsError
 
 from controller.store import FINAL_STATES, BatchStatus, Store
-from shared.batchfile import detect_format, read_chunks
-from shared.envelope import ClaimCheck, batch_blob
 from shared.errors import FileRefused, InputError
+from shared.messaging.envelope import ClaimCheck, batch_blob
+from shared.messaging.storage import Storage
+from shared.messaging.tally import Tally, tallying
+from shared.messaging.triggers import trigger_bus
 from shared.protocol import BatchRequest, request_envelope
-from shared.reference import load_price_book, load_tax_table
 from shared.refstore import PRICEBOOK, TAXES, ReferenceStore
-from shared.sample import sample_price_book_bytes, sample_tax_table_bytes
+from shared.rules.batchfile import detect_format, read_chunks
+from shared.rules.reference import load_price_book, load_tax_table
+from shared.rules.sample import sample_price_book_bytes, sample_tax_table_bytes
 from shared.settings import Settings
-from shared.storage import Storage
-from shared.tally import Tally, tallying
-from shared.triggers import trigger_bus
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +70,9 @@ async def submit(
         raise InputError(f"batch id {batch_id!r}: use 1 to 128 letters, digits, '.', '_', ':' or '-'")
     size = path.stat().st_size
     if size > settings.max_file_bytes:
-        raise FileRefused(f"{path.name} is {size:,} bytes, over the limit of {settings.max_file_bytes:,} (BILLING_MAX_FILE_BYTES)")
+        raise FileRefused(
+            f"{path.name} is {size:,} bytes, over the limit of {settings.max_file_bytes:,} (BILLING_MAX_FILE_BYTES)"
+        )
     with path.open("rb") as file:
         fmt = detect_format(path.name, file.read(4096))
     await asyncio.to_thread(check_readable, path, fmt)
@@ -90,19 +92,24 @@ async def submit(
                 fmt=fmt,
                 pricebook_hash=await references.put(PRICEBOOK, pricebook_bytes),
                 taxes_hash=await references.put(TAXES, taxes_bytes),
-                accepted_at=datetime.now(timezone.utc),
+                accepted_at=datetime.now(UTC),
             )
             inbox = storage.container(settings.inbox_container)
             try:
                 with path.open("rb") as file:
                     await inbox.upload_blob(
-                        batch_id, file, overwrite=False, max_concurrency=4,
+                        batch_id,
+                        file,
+                        overwrite=False,
+                        max_concurrency=4,
                         metadata={"source": path.name[:200].encode("ascii", "replace").decode(), "format": fmt},
                     )
             except ResourceExistsError:
                 return Submission(batch_id, fmt, duplicate=True, requests=storage.counter.snapshot())
             claim_check = ClaimCheck(storage, container=settings.work_container, limit=settings.max_message_bytes)
-            await claim_check.send(settings.requests_queue, request_envelope(request), blob_name=batch_blob(batch_id, "request"))
+            await claim_check.send(
+                settings.requests_queue, request_envelope(request), blob_name=batch_blob(batch_id, "request")
+            )
             await _announce(settings, storage)
             return Submission(batch_id, fmt, duplicate=False, requests=storage.counter.snapshot())
 
@@ -136,5 +143,5 @@ async def _announce(settings: Settings, storage: Storage) -> None:
     try:
         async with bus:
             await bus.announce(storage.account_name, {settings.requests_queue: (1, 0)})
-    except Exception as exc:  # noqa: BLE001 - see the docstring
+    except Exception as exc:
         log.warning("batch submitted, but no trigger was sent (%s); the initiator will find it by polling", exc)

@@ -21,9 +21,8 @@ from rich.console import Console
 from rich.table import Table
 
 from shared.errors import InputError
+from shared.messaging.runtime import role_states
 from shared.settings import Settings
-
-from .runtime import role_states
 
 PRICES = Path(__file__).with_name("prices.toml")
 DAYS_PER_MONTH = 30  # as the whitepaper counts
@@ -93,7 +92,9 @@ def project(workload: Workload, prices: Prices) -> dict[str, Any]:
     return {
         "workload": asdict(workload),
         "monthly_storage_requests": round(storage),
-        "monthly_storage_cost": {name: round(storage / 10_000 * price, 2) for name, price in prices.storage_per_10k.items()},
+        "monthly_storage_cost": {
+            name: round(storage / 10_000 * price, 2) for name, price in prices.storage_per_10k.items()
+        },
         "monthly_servicebus_operations": round(servicebus),
         "monthly_servicebus_cost": round(prices.servicebus_monthly(servicebus), 2) if servicebus else 0.0,
     }
@@ -121,7 +122,9 @@ def from_bench(path: Path, design: Design = "optimised") -> dict[str, float]:
         if run in report:
             rates["requests_per_1000"] = float(report[run]["work_requests_per_1000"])
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise InputError(f"{path}: not a `billing bench` or `billing bench-listener` report ({type(exc).__name__}: {exc})") from exc
+        raise InputError(
+            f"{path}: not a `billing bench` or `billing bench-listener` report ({type(exc).__name__}: {exc})"
+        ) from exc
     return rates
 
 
@@ -136,7 +139,9 @@ def measure_window(settings: Settings, seconds: float) -> dict[str, Any]:
         first = before.get(state["pid"])
         if first is None:
             continue  # started during the window
-        elapsed = (datetime.fromisoformat(state["updated_at"]) - datetime.fromisoformat(first["updated_at"])).total_seconds()
+        elapsed = (
+            datetime.fromisoformat(state["updated_at"]) - datetime.fromisoformat(first["updated_at"])
+        ).total_seconds()
         if elapsed <= 0:
             continue  # no snapshot since the first: a window shorter than the state interval
         roles.append(state["role"])
@@ -155,9 +160,12 @@ def measure_window(settings: Settings, seconds: float) -> dict[str, Any]:
 def window_workload(measured: dict[str, Any]) -> Workload:
     """The measured rate kept up around the clock (the window's mix of work and idling, every day)."""
     return Workload(
-        requests_per_1000=0.0, idle_requests_per_hour=measured["storage_requests_per_hour"],
-        idle_servicebus_per_hour=measured["servicebus_operations_per_hour"], daily_transactions=0, idle_hours=24.0,
-    )  # fmt: skip
+        requests_per_1000=0.0,
+        idle_requests_per_hour=measured["storage_requests_per_hour"],
+        idle_servicebus_per_hour=measured["servicebus_operations_per_hour"],
+        daily_transactions=0,
+        idle_hours=24.0,
+    )
 
 
 def print_result(result: dict[str, Any], console: Console) -> None:
@@ -173,9 +181,12 @@ def print_result(result: dict[str, Any], console: Console) -> None:
     if "projection" in result:
         projection = result["projection"]
         w = projection["workload"]
-        title = (f"Monthly cost at the measured rate, {w['idle_hours']:g} h/day" if "measured" in result else
-                 f"Monthly cost: {w['daily_transactions']:,} transactions/day, {w['idle_hours']:g} idle h/day, "
-                 f"{w['processors']} processor(s)")  # fmt: skip
+        title = (
+            f"Monthly cost at the measured rate, {w['idle_hours']:g} h/day"
+            if "measured" in result
+            else f"Monthly cost: {w['daily_transactions']:,} transactions/day, {w['idle_hours']:g} idle h/day, "
+            f"{w['processors']} processor(s)"
+        )
         table = Table(title=title)
         table.add_column("")
         table.add_column("value", justify="right")

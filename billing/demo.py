@@ -17,13 +17,17 @@ from rich.table import Table
 
 from controller import reports
 from controller.store import Store
-from shared.sample import generate, write_price_book, write_tax_table
+from shared.rules.sample import generate, write_price_book, write_tax_table
 from shared.settings import Settings
 
-from . import client, progress, runtime
+from . import client, progress
+from .stack import resolve
+
 
 @contextmanager
-def role_processes(settings: Settings, log_dir: Path, *, processors: int = 1) -> Iterator[list[subprocess.Popen[bytes]]]:
+def role_processes(
+    settings: Settings, log_dir: Path, *, processors: int = 1
+) -> Iterator[list[subprocess.Popen[bytes]]]:
     """Start initiator, ``processors`` processors and controller as separate processes with
     ``settings``; stop them gracefully."""
     env = {**os.environ, **settings.as_env()}
@@ -46,7 +50,7 @@ def role_processes(settings: Settings, log_dir: Path, *, processors: int = 1) ->
 
 def run(*, rows: int, seed: int, console: Console) -> None:
     """Generate a sample batch, run it through the pipeline and print what came out."""
-    settings = runtime.resolve()
+    settings = resolve()
     work = settings.home / "demo"
     work.mkdir(parents=True, exist_ok=True)
     batch, pricebook, taxes = work / f"transactions-{rows}-{seed}.csv", work / "pricebook.csv", work / "taxes.csv"
@@ -58,7 +62,11 @@ def run(*, rows: int, seed: int, console: Console) -> None:
     console.print(f"sample batch: {batch}  (price book {pricebook}, tax table {taxes})")
     with role_processes(settings, settings.home / "logs"):
         started = time.monotonic()
-        submission = asyncio.run(client.submit(settings, batch, pricebook=pricebook, taxes=taxes, batch_id=f"demo-{rows}-{seed}-{int(time.time())}"))
+        submission = asyncio.run(
+            client.submit(
+                settings, batch, pricebook=pricebook, taxes=taxes, batch_id=f"demo-{rows}-{seed}-{int(time.time())}"
+            )
+        )
         console.print(f"submitted batch [bold]{submission.batch_id}[/bold]; roles log to {settings.home / 'logs'}")
         with Store(settings.sql_url_value) as store:
             status = progress.wait_with_progress(store, submission.batch_id, console=console)
@@ -86,10 +94,19 @@ def _print_results(console: Console, status: dict[str, object], invoices, aggreg
     recon = Table(title="Reconciliation")
     recon.add_column("check")
     recon.add_column("value")
-    recon.add_row("rows = accepted + rejected", f"{rows} = {accepted} + {rejected}: {'OK' if rows == accepted + rejected else 'MISMATCH'}")
+    recon.add_row(
+        "rows = accepted + rejected",
+        f"{rows} = {accepted} + {rejected}: {'OK' if rows == accepted + rejected else 'MISMATCH'}",
+    )
     recorded = int(aggregates["transactions"].sum()) if len(aggregates) else 0
-    recon.add_row("accepted = transactions in aggregates", f"{accepted} = {recorded}: {'OK' if accepted == recorded else 'MISMATCH'}")
+    recon.add_row(
+        "accepted = transactions in aggregates",
+        f"{accepted} = {recorded}: {'OK' if accepted == recorded else 'MISMATCH'}",
+    )
     for currency, group in invoices.groupby("currency"):
-        recon.add_row(f"total {currency} (minor units)", f"net {sum(group['net'])} + tax {sum(group['tax'])} = {sum(group['total'])}")
+        recon.add_row(
+            f"total {currency} (minor units)",
+            f"net {sum(group['net'])} + tax {sum(group['tax'])} = {sum(group['total'])}",
+        )
     recon.add_row("wall time", f"{elapsed:.1f} s")
     console.print(recon)

@@ -7,10 +7,10 @@ from collections.abc import Collection
 from rich.console import Console
 from rich.table import Table
 
-from shared.envelope import ClaimCheck
-from shared.poison import Action, PoisonEntry, PoisonQueue
+from shared.messaging.envelope import ClaimCheck
+from shared.messaging.poison import Action, PoisonEntry, PoisonQueue
+from shared.messaging.storage import Storage
 from shared.settings import Settings
-from shared.storage import Storage
 
 #: How much of an entry's original content ``list`` shows.
 PREVIEW = 60
@@ -24,7 +24,9 @@ async def overview(settings: Settings) -> list[tuple[str, int, list[PoisonEntry]
         return [(queue, await poison.count(queue), await poison.peek(queue)) for queue in settings.all_queues]
 
 
-async def act(settings: Settings, action: Action, *, queues: Collection[str], ids: Collection[str] | None) -> list[PoisonEntry]:
+async def act(
+    settings: Settings, action: Action, *, queues: Collection[str], ids: Collection[str] | None
+) -> list[PoisonEntry]:
     """Apply ``action`` to the chosen entries (every entry when ``ids`` is None) of ``queues``."""
     async with Storage(settings) as storage:
         await storage.ensure_all()
@@ -51,4 +53,6 @@ def print_overview(found: list[tuple[str, int, list[PoisonEntry]]], console: Con
 
 
 def _poison(storage: Storage, settings: Settings) -> PoisonQueue:
-    return PoisonQueue(storage, ClaimCheck(storage, container=settings.work_container, limit=settings.max_message_bytes))
+    return PoisonQueue(
+        storage, ClaimCheck(storage, container=settings.work_container, limit=settings.max_message_bytes)
+    )

@@ -7,19 +7,19 @@ import contextlib
 import fcntl
 import json
 import os
-import pwd
-import re
-import shlex
-import shutil
 import signal
 import socket
 import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
+
+from pydantic import SecretStr
 
 from shared.errors import BillingError
-from shared.processes import pid_alive
+from shared.messaging.processes import pid_alive
+from shared.settings import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
 AZURITE_BIN = ROOT / "node_modules" / ".bin" / "azurite"
@@ -30,10 +30,6 @@ ACCOUNT_KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1
 
 class StackError(BillingError):
     """The local stack cannot be started or stopped."""
-
-
-class PostgresNotInstalled(StackError):
-    """No ``initdb``/``pg_ctl`` on this machine."""
 
 
 def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
@@ -113,11 +109,23 @@ class AzuriteStack:
             blob, queue, table = self._ports()
             args = [
                 str(AZURITE_BIN),
-                "--blobHost", self.host, "--blobPort", str(blob),
-                "--queueHost", self.host, "--queuePort", str(queue),
-                "--tableHost", self.host, "--tablePort", str(table),
-                "--skipApiVersionCheck", "--loose", "--silent", "--disableTelemetry",
-            ]  # fmt: skip
+                "--blobHost",
+                self.host,
+                "--blobPort",
+                str(blob),
+                "--queueHost",
+                self.host,
+                "--queuePort",
+                str(queue),
+                "--tableHost",
+                self.host,
+                "--tablePort",
+                str(table),
+                "--skipApiVersionCheck",
+                "--loose",
+                "--silent",
+                "--disableTelemetry",
+            ]
             if self.persist:
                 data = self.home / "azurite"
                 data.mkdir(parents=True, exist_ok=True)
@@ -129,11 +137,24 @@ class AzuriteStack:
             with self.log_file.open("ab") as log:
                 log_offset = log.tell()
                 self._proc = subprocess.Popen(
-                    args, cwd=ROOT, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+                    args,
+                    cwd=ROOT,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
                 )
             connection = connection_string(self.host, blob, queue)
-            self._write_state({"pid": self._proc.pid, "host": self.host, "blob_port": blob, "queue_port": queue,
-                               "table_port": table, "connection_string": connection})  # fmt: skip
+            self._write_state(
+                {
+                    "pid": self._proc.pid,
+                    "host": self.host,
+                    "blob_port": blob,
+                    "queue_port": queue,
+                    "table_port": table,
+                    "connection_string": connection,
+                }
+            )
             self._wait_ready(self._proc.pid, (blob, queue), log_offset)
             return connection
 
@@ -239,76 +260,12 @@ class AzuriteStack:
         raise StackError(f"Azurite (pid {pid}) did not stop")
 
 
-def postgres_bin_dir() -> Path | None:
-    """The directory of ``initdb`` and ``pg_ctl``: the newest ``/usr/lib/postgresql/*/bin``, else ``PATH``."""
-    versions = [p.parent for p in Path("/usr/lib/postgresql").glob("*/bin/initdb") if p.with_name("pg_ctl").exists()]
-    if versions:
-        return max(versions, key=lambda p: [int(n) for n in re.findall(r"\d+", p.parent.name)] or [0])
-    initdb = shutil.which("initdb")
-    return Path(initdb).resolve().parent if initdb and shutil.which("pg_ctl") else None
-
-
-class PostgresServer:
-    """A PostgreSQL cluster in ``data_dir`` for tests: trust auth, TCP on 127.0.0.1 only, fsync off.
-
-    As root the cluster is owned by and run as the ``postgres`` user, so every parent of
-    ``data_dir`` must be traversable by that user (``/tmp/<mkdtemp>`` is; pytest's ``tmp_path`` is not).
-    """
-
-    def __init__(self, *, data_dir: Path, port: int | None = None) -> None:
-        self.data_dir = Path(data_dir)
-        self.port = port
-        self.socket_dir = self.data_dir / "sockets"
-        self.log_file = self.data_dir / "postgres.log"
-        self._bin: Path | None = None
-
-    def start(self) -> str:
-        """Create the cluster if needed, start it and return its SQLAlchemy URL."""
-        if self.port is None:
-            self.port = free_ports(1)[0]
-        self.data_dir.mkdir(parents=True, exist_ok=True)
-        if not (self.data_dir / "PG_VERSION").exists():
-            self._chown()
-            self._run("initdb", "-D", str(self.data_dir), "-U", "postgres", "--auth=trust", "--encoding=UTF8",
-                      "--locale=C", "--no-sync")  # fmt: skip
-        self.socket_dir.mkdir(exist_ok=True)
-        self._chown()
-        options = f"-c listen_addresses=127.0.0.1 -p {self.port} -k {self.socket_dir} -c fsync=off"
-        try:
-            self._run("pg_ctl", "-D", str(self.data_dir), "-l", str(self.log_file), "-w", "-t", "60", "-o", options, "start")
-        except StackError as exc:
-            log = self.log_file.read_text(errors="replace")[-2000:] if self.log_file.exists() else ""
-            raise StackError(f"{exc}\n{self.log_file}:\n{log}") from exc
-        return self.url
-
-    @property
-    def url(self) -> str:
-        """The SQLAlchemy URL of the ``postgres`` database (once started)."""
-        return f"postgresql+psycopg://postgres@127.0.0.1:{self.port}/postgres"
-
-    def stop(self) -> None:
-        """Stop the server (fast shutdown); idempotent."""
-        if (self.data_dir / "postmaster.pid").exists():
-            self._run("pg_ctl", "-D", str(self.data_dir), "-m", "fast", "-w", "stop")
-
-    def _chown(self) -> None:
-        if os.geteuid() != 0:
-            return
-        try:
-            user = pwd.getpwnam("postgres")
-        except KeyError as exc:
-            raise StackError("running as root needs a `postgres` user: run `bash deploy/install-postgres.sh`") from exc
-        for path in [self.data_dir, *self.data_dir.rglob("*")]:
-            os.chown(path, user.pw_uid, user.pw_gid, follow_symlinks=False)
-
-    def _run(self, tool: str, *args: str) -> None:
-        if self._bin is None:
-            self._bin = postgres_bin_dir()
-            if self._bin is None:
-                raise PostgresNotInstalled("PostgreSQL is not installed (no initdb/pg_ctl): run `bash deploy/install-postgres.sh`")
-        command = [str(self._bin / tool), *args]
-        if os.geteuid() == 0:
-            command = ["runuser", "-u", "postgres", "--", *command] if shutil.which("runuser") else ["su", "postgres", "-c", shlex.join(command)]
-        done = subprocess.run(command, cwd=self.data_dir, capture_output=True, text=True, stdin=subprocess.DEVNULL)
-        if done.returncode != 0:
-            raise StackError(f"{tool} failed ({done.returncode}): {(done.stderr or done.stdout).strip()}")
+def resolve(settings: Settings | None = None, **overrides: Any) -> Settings:
+    """Settings with a storage account: the configured one, or the local stack (started if needed)."""
+    settings = settings or Settings()
+    if overrides:
+        settings = settings.model_copy(update={k: v for k, v in overrides.items() if v is not None})
+    if settings.storage_connection_string is None and not settings.storage_account_url:
+        connection = AzuriteStack(home=settings.home).start()
+        settings = settings.model_copy(update={"storage_connection_string": SecretStr(connection)})
+    return settings

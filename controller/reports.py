@@ -36,13 +36,30 @@ _FORMULA_PREFIXES = ("=", "+", "-", "@", "\t", "\r")
 def aggregates(source: Store | sa.Engine, batch_id: str) -> pd.DataFrame:
     """The batch's aggregates per (account_id, product, billing_day), sorted by that key."""
     t = aggregates_table
-    query = (
-        sa.select(t.c.account_id, t.c.product, t.c.billing_day, t.c.currency, t.c.transactions, t.c.quantity, t.c.net, t.c.tax, t.c.total)
-        .where(t.c.batch_id == batch_id)
-    )
+    query = sa.select(
+        t.c.account_id,
+        t.c.product,
+        t.c.billing_day,
+        t.c.currency,
+        t.c.transactions,
+        t.c.quantity,
+        t.c.net,
+        t.c.tax,
+        t.c.total,
+    ).where(t.c.batch_id == batch_id)
     with _engine(source).connect() as conn:
         records = [
-            (r.account_id, r.product, r.billing_day.isoformat(), r.currency, r.transactions, format_quantity(r.quantity), int(r.net), int(r.tax), int(r.total))
+            (
+                r.account_id,
+                r.product,
+                r.billing_day.isoformat(),
+                r.currency,
+                r.transactions,
+                format_quantity(r.quantity),
+                int(r.net),
+                int(r.tax),
+                int(r.total),
+            )
             for r in conn.execute(query)
         ]
     return _frame(sorted(records), AGGREGATE_COLUMNS)  # sorted here: the same order whatever the SQL collation
@@ -92,7 +109,9 @@ def write_report(df: pd.DataFrame, fmt: Format, output: Path | None = None) -> s
     elif fmt == "csv":
         text = df.map(_csv_safe).to_csv(index=False, lineterminator="\n")
     elif fmt == "json":
-        text = json.dumps([{k: _json_value(v) for k, v in row.items()} for row in df.to_dict(orient="records")], indent=2)
+        text = json.dumps(
+            [{k: _json_value(v) for k, v in row.items()} for row in df.to_dict(orient="records")], indent=2
+        )
     else:
         raise ValueError(f"unknown report format {fmt!r} (table, csv, json or parquet)")
     if output is None:

@@ -10,17 +10,26 @@ from datetime import UTC, datetime, timedelta
 
 from azure.storage.queue import QueueMessage
 
-from shared.envelope import ClaimCheck
 from shared.errors import PoisonMessage
-from shared.messages import Manifest, WorkItemResult
-from shared.poison import PoisonQueue
-from shared.protocol import MANIFEST, POISONED, PoisonNotice, parse_manifest, parse_poisoned, parse_results
-from shared.service import Service
+from shared.messaging import tally
+from shared.messaging.backoff import patiently
+from shared.messaging.envelope import ClaimCheck
+from shared.messaging.poison import PoisonQueue
+from shared.messaging.service import Service
+from shared.messaging.storage import Storage
+from shared.messaging.syphon import add_syphon
+from shared.messaging.triggers import TriggerBus
+from shared.protocol import (
+    MANIFEST,
+    POISONED,
+    Manifest,
+    PoisonNotice,
+    WorkItemResult,
+    parse_manifest,
+    parse_poisoned,
+    parse_results,
+)
 from shared.settings import Settings
-from shared.storage import Storage
-from shared import tally
-from shared.syphon import add_syphon
-from shared.triggers import TriggerBus
 
 from .store import Store
 
@@ -36,7 +45,13 @@ class Controller(Service):
     name = "controller"
 
     def __init__(
-        self, *, storage: Storage, settings: Settings, store: Store, triggers: TriggerBus | None = None, burst: bool = False
+        self,
+        *,
+        storage: Storage,
+        settings: Settings,
+        store: Store,
+        triggers: TriggerBus | None = None,
+        burst: bool = False,
     ) -> None:
         super().__init__(storage=storage, settings=settings, triggers=triggers, burst=burst)
         self.store = store
@@ -47,6 +62,14 @@ class Controller(Service):
         self.repeat(min(CLEAN_UP_INTERVAL, max(1.0, settings.claim_check_retention)), self.clean_up)
         if storage.secondary is not None and settings.enable_syphon:
             add_syphon(self)
+
+    @classmethod
+    async def create(
+        cls, *, storage: Storage, settings: Settings, triggers: TriggerBus | None, burst: bool
+    ) -> Controller:
+        """A controller on the configured SQL store, waiting for it while it cannot be reached."""
+        store = await patiently("SQL store", lambda: asyncio.to_thread(Store, settings.sql_url_value))
+        return cls(storage=storage, settings=settings, store=store, triggers=triggers, burst=burst)
 
     async def handle(self, messages: list[QueueMessage]) -> Mapping[str, str]:
         poisoned: dict[str, str] = {}

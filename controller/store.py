@@ -29,8 +29,7 @@ from alembic.config import Config
 from sqlalchemy.dialects import postgresql, sqlite
 
 from shared.errors import ConfigurationError, InfrastructureError
-from shared.messages import Manifest, WorkItemResult
-from shared.protocol import PoisonNotice
+from shared.protocol import Manifest, PoisonNotice, WorkItemResult
 
 from .schema import EXACT, aggregates, batches, rejects, work_items
 
@@ -77,7 +76,10 @@ class BatchStatus:
     def to_json_dict(self) -> dict[str, Any]:
         """JSON-safe values: ISO 8601 datetimes, latency as a float; with ``requests_per_1000``."""
         return {
-            **{key: value.isoformat() if isinstance(value, datetime) else value for key, value in dataclasses.asdict(self).items()},
+            **{
+                key: value.isoformat() if isinstance(value, datetime) else value
+                for key, value in dataclasses.asdict(self).items()
+            },
             "requests_per_1000": self.requests_per_1000,
         }
 
@@ -129,7 +131,9 @@ class Store:
     def __enter__(self) -> Self:
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self.close()
 
     # -- writes ---------------------------------------------------------------------------------------
@@ -177,10 +181,21 @@ class Store:
             recovered = [r for r in first_results.values() if recorded.get(r.work_item_id) is not None]
             fresh_poison = [n for n in notices.values() if n.work_item_id not in recorded]
             records = [
-                {"work_item_id": r.work_item_id, "batch_id": r.batch_id, "transactions": r.transactions, "recorded_at": now}
+                {
+                    "work_item_id": r.work_item_id,
+                    "batch_id": r.batch_id,
+                    "transactions": r.transactions,
+                    "recorded_at": now,
+                }
                 for r in new
             ] + [
-                {"work_item_id": n.work_item_id, "batch_id": n.batch_id, "transactions": 0, "recorded_at": now, "poison_reason": n.reason}
+                {
+                    "work_item_id": n.work_item_id,
+                    "batch_id": n.batch_id,
+                    "transactions": 0,
+                    "recorded_at": now,
+                    "poison_reason": n.reason,
+                }
                 for n in fresh_poison
             ]
             for chunk in _chunks(records, _CHUNK):
@@ -264,15 +279,26 @@ class Store:
         insert = _dialect_insert(conn)(batches).values(
             [
                 {
-                    "batch_id": batch_id, "source": "", "state": "processing", "rows": 0, "accepted": 0, "rejected": 0,
-                    "work_items": None, "completed_items": 0, "poisoned_items": 0, "transactions_recorded": 0,
-                    "requests": 0, "updated_at": now,
-                }  # fmt: skip
+                    "batch_id": batch_id,
+                    "source": "",
+                    "state": "processing",
+                    "rows": 0,
+                    "accepted": 0,
+                    "rejected": 0,
+                    "work_items": None,
+                    "completed_items": 0,
+                    "poisoned_items": 0,
+                    "transactions_recorded": 0,
+                    "requests": 0,
+                    "updated_at": now,
+                }
                 for batch_id in batch_ids
             ]
         )
         conn.execute(insert.on_conflict_do_nothing(index_elements=["batch_id"]))
-        query = sa.select(batches).where(batches.c.batch_id.in_(batch_ids)).order_by(batches.c.batch_id).with_for_update()
+        query = (
+            sa.select(batches).where(batches.c.batch_id.in_(batch_ids)).order_by(batches.c.batch_id).with_for_update()
+        )
         return {row["batch_id"]: dict(row) for row in conn.execute(query).mappings()}
 
 
@@ -328,7 +354,9 @@ def _recorded_work_items(conn: sa.Connection, ids: list[str]) -> dict[str, str |
     """Work item id → its poison reason (None when it was recorded normally), for those recorded."""
     found: dict[str, str | None] = {}
     for chunk in _chunks(ids, _CHUNK):
-        query = sa.select(work_items.c.work_item_id, work_items.c.poison_reason).where(work_items.c.work_item_id.in_(chunk))
+        query = sa.select(work_items.c.work_item_id, work_items.c.poison_reason).where(
+            work_items.c.work_item_id.in_(chunk)
+        )
         found.update((row.work_item_id, row.poison_reason) for row in conn.execute(query))
     return found
 
@@ -364,9 +392,17 @@ def _merge_aggregates(conn: sa.Connection, results: Iterable[WorkItemResult]) ->
         for result in results:
             p = result.partials.to_pydict()
             for account, product, day, currency, count, quantity, net, tax, total in zip(
-                p["account_id"], p["product"], p["billing_day"], p["currency"], p["transactions"],
-                p["quantity"], p["net"], p["tax"], p["total"], strict=True,
-            ):  # fmt: skip
+                p["account_id"],
+                p["product"],
+                p["billing_day"],
+                p["currency"],
+                p["transactions"],
+                p["quantity"],
+                p["net"],
+                p["tax"],
+                p["total"],
+                strict=True,
+            ):
                 key = (result.batch_id, account, product, date.fromisoformat(day))
                 _add(sums, key, [currency, count, quantity, int(net), int(tax), int(total)])
         if not sums:
@@ -376,12 +412,27 @@ def _merge_aggregates(conn: sa.Connection, results: Iterable[WorkItemResult]) ->
             by_batch.setdefault(batch_id, set()).add(account)
         for batch_id, accounts in by_batch.items():
             for chunk in _chunks(sorted(accounts), _CHUNK):
-                query = sa.select(aggregates).where(aggregates.c.batch_id == batch_id, aggregates.c.account_id.in_(chunk))
+                query = sa.select(aggregates).where(
+                    aggregates.c.batch_id == batch_id, aggregates.c.account_id.in_(chunk)
+                )
                 for row in conn.execute(query).mappings():
                     key = (row["batch_id"], row["account_id"], row["product"], row["billing_day"])
                     if key in sums:
-                        _add(sums, key, [row["currency"], row["transactions"], row["quantity"], int(row["net"]), int(row["tax"]), int(row["total"])])
-    records = [dict(zip(_AGGREGATE_KEY + _AGGREGATE_VALUES, (*key, *values), strict=True)) for key, values in sums.items()]
+                        _add(
+                            sums,
+                            key,
+                            [
+                                row["currency"],
+                                row["transactions"],
+                                row["quantity"],
+                                int(row["net"]),
+                                int(row["tax"]),
+                                int(row["total"]),
+                            ],
+                        )
+    records = [
+        dict(zip(_AGGREGATE_KEY + _AGGREGATE_VALUES, (*key, *values), strict=True)) for key, values in sums.items()
+    ]
     insert = _dialect_insert(conn)(aggregates)
     upsert = insert.on_conflict_do_update(
         index_elements=list(_AGGREGATE_KEY), set_={c: insert.excluded[c] for c in _AGGREGATE_VALUES}

@@ -15,11 +15,11 @@ from typing import BinaryIO
 
 import pyarrow as pa
 
-from shared.batchfile import read_chunks
-from shared.codec import encode_table
-from shared.messages import REJECT_SCHEMA
-from shared.reference import PriceBook, TaxTable
-from shared.validation import TransactionIdSet, validate
+from shared.protocol import encode_table
+from shared.rules.batchfile import read_chunks
+from shared.rules.reference import PriceBook, TaxTable
+from shared.rules.schemas import REJECT_SCHEMA
+from shared.rules.validation import TransactionIdSet, validate
 
 _RECORD = struct.Struct("<II")  # rows, payload size
 

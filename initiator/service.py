@@ -12,17 +12,17 @@ from typing import BinaryIO
 from azure.core.exceptions import ResourceNotFoundError
 from azure.storage.queue import QueueMessage
 
-from shared.envelope import ClaimCheck, batch_blob
 from shared.errors import InputError, PoisonMessage
-from shared.messages import REJECT_SCHEMA, Manifest
-from shared.poison import PoisonQueue
-from shared.protocol import BatchRequest, WorkHeader, manifest_envelope, parse_request, work_envelope
-from shared.reference import load_price_book, load_tax_table
+from shared.messaging.envelope import ClaimCheck, batch_blob
+from shared.messaging.poison import PoisonQueue
+from shared.messaging.service import Service
+from shared.messaging.storage import Storage
+from shared.messaging.triggers import TriggerBus
+from shared.protocol import BatchRequest, Manifest, WorkHeader, manifest_envelope, parse_request, work_envelope
 from shared.refstore import PRICEBOOK, TAXES, ReferenceStore
-from shared.service import Service
+from shared.rules.reference import load_price_book, load_tax_table
+from shared.rules.schemas import REJECT_SCHEMA
 from shared.settings import Settings
-from shared.storage import Storage
-from shared.triggers import TriggerBus
 
 from .debatch import DebatchOutcome, debatch, read_spool
 
@@ -34,14 +34,20 @@ class Initiator(Service):
 
     name = "initiator"
 
-    def __init__(self, *, storage: Storage, settings: Settings, triggers: TriggerBus | None = None, burst: bool = False) -> None:
+    def __init__(
+        self, *, storage: Storage, settings: Settings, triggers: TriggerBus | None = None, burst: bool = False
+    ) -> None:
         super().__init__(storage=storage, settings=settings, triggers=triggers, burst=burst)
         self.claim_check = ClaimCheck(storage, container=settings.work_container, limit=settings.max_message_bytes)
         self.references = ReferenceStore(storage, container=settings.reference_container)
         self._sends = asyncio.Semaphore(settings.max_concurrent_sends)
         # One request is a whole file: take one at a time, keep its lease renewed.
         self.listen(
-            settings.requests_queue, self.handle, poison=PoisonQueue(storage, self.claim_check), dequeue_batch_size=1, max_tasks=1
+            settings.requests_queue,
+            self.handle,
+            poison=PoisonQueue(storage, self.claim_check),
+            dequeue_batch_size=1,
+            max_tasks=1,
         )
 
     async def handle(self, messages: list[QueueMessage]) -> Mapping[str, str]:
@@ -65,8 +71,13 @@ class Initiator(Service):
                 tax_table = load_tax_table(await self.references.get(TAXES, request.taxes_hash))
                 with spool_path.open("w+b") as spool:
                     outcome = await asyncio.to_thread(
-                        debatch, path, request.fmt, price_book, tax_table,
-                        work_item_size=self.settings.work_item_size, spool=spool,
+                        debatch,
+                        path,
+                        request.fmt,
+                        price_book,
+                        tax_table,
+                        work_item_size=self.settings.work_item_size,
+                        spool=spool,
                     )
                     spool.seek(0)
                     await self._enqueue(request, spool)
@@ -110,14 +121,18 @@ class Initiator(Service):
         """Send one work item; the first on each queue wakes its processors at once."""
         try:
             await self.claim_check.send(
-                queue, work_envelope(header, encoded), blob_name=batch_blob(header.batch_id, "work", header.work_item_id)
+                queue,
+                work_envelope(header, encoded),
+                blob_name=batch_blob(header.batch_id, "work", header.work_item_id),
             )
         finally:
             self._sends.release()
         if first:
             await self.announce({queue: (1, header.rows)})
 
-    async def _report(self, request: BatchRequest, outcome: DebatchOutcome | None, *, refused: str | None = None) -> Manifest:
+    async def _report(
+        self, request: BatchRequest, outcome: DebatchOutcome | None, *, refused: str | None = None
+    ) -> Manifest:
         manifest = Manifest(
             batch_id=request.batch_id,
             source=request.source,
@@ -132,11 +147,16 @@ class Initiator(Service):
             refused=refused,
         )
         envelope = manifest_envelope(manifest)
-        await self.claim_check.send(self.settings.results_queue, envelope, blob_name=batch_blob(request.batch_id, "manifest"))
+        await self.claim_check.send(
+            self.settings.results_queue, envelope, blob_name=batch_blob(request.batch_id, "manifest")
+        )
         await self.announce({self.settings.results_queue: (1, 0)})
         log.info(
             "batch %s: %d rows, %d accepted, %d rejected, %d work items",
-            manifest.batch_id, manifest.rows, manifest.accepted, manifest.rejected, manifest.work_items,
+            manifest.batch_id,
+            manifest.rows,
+            manifest.accepted,
+            manifest.rejected,
+            manifest.work_items,
         )
         return manifest
-

@@ -7,13 +7,12 @@ import threading
 import time
 from functools import lru_cache
 
-from shared.envelope import Envelope
 from shared.errors import InputError, PoisonMessage
-from shared.messages import WorkItemResult
-from shared.processes import pid_alive
-from shared.protocol import WorkHeader, decode_work, results_envelope
-from shared.rating import aggregate
-from shared.reference import PriceBook, TaxTable, load_price_book, load_tax_table
+from shared.messaging.envelope import Envelope
+from shared.messaging.processes import pid_alive
+from shared.protocol import WorkHeader, WorkItemResult, decode_work, results_envelope
+from shared.rules.rating import aggregate
+from shared.rules.reference import PriceBook, TaxTable, load_price_book, load_tax_table
 
 
 def exit_with(owner: int, interval: float = 1.0) -> None:

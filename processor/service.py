@@ -12,15 +12,15 @@ from concurrent.futures import ProcessPoolExecutor
 
 from azure.storage.queue import QueueMessage
 
-from shared.envelope import ClaimCheck, batch_blob
 from shared.errors import PoisonMessage
-from shared.poison import PoisonQueue
+from shared.messaging.envelope import ClaimCheck, batch_blob
+from shared.messaging.poison import PoisonQueue
+from shared.messaging.service import Service
+from shared.messaging.storage import Storage
+from shared.messaging.triggers import TriggerBus
 from shared.protocol import WorkHeader, parse_work_header
 from shared.refstore import PRICEBOOK, TAXES, ReferenceStore
-from shared.service import Service
 from shared.settings import Settings
-from shared.storage import Storage
-from shared.triggers import TriggerBus
 
 from .jobs import exit_with, rate_work_items
 
@@ -32,7 +32,9 @@ class Processor(Service):
 
     name = "processor"
 
-    def __init__(self, *, storage: Storage, settings: Settings, triggers: TriggerBus | None = None, burst: bool = False) -> None:
+    def __init__(
+        self, *, storage: Storage, settings: Settings, triggers: TriggerBus | None = None, burst: bool = False
+    ) -> None:
         super().__init__(storage=storage, settings=settings, triggers=triggers, burst=burst)
         self.claim_check = ClaimCheck(storage, container=settings.work_container, limit=settings.max_message_bytes)
         self.references = ReferenceStore(storage, container=settings.reference_container)

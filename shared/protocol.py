@@ -1,20 +1,76 @@
-"""The pipeline's messages as envelopes: one function pair per message kind."""
+"""The wire format: every message the roles exchange, and how its payload is encoded.
+
+Each message kind has a pair of functions (``*_envelope`` builds, ``parse_*`` reads) over the
+generic :class:`~shared.messaging.envelope.Envelope` frame; tables travel as Arrow IPC compressed
+whole with zstd (small, fast, exact types).
+"""
 
 from __future__ import annotations
 
+import struct
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, TypeVar
 
 import pyarrow as pa
 
-from .codec import decode_table, encode_table
-from .envelope import Envelope
 from .errors import PoisonMessage
-from .messages import PARTIAL_SCHEMA, REJECT_SCHEMA, Manifest, WorkItemResult
+from .messaging.envelope import Envelope
+from .rules.schemas import PARTIAL_SCHEMA, REJECT_SCHEMA
 
 REQUEST, WORK, RESULTS, MANIFEST, POISONED = "request", "work", "results", "manifest", "poisoned"
 T = TypeVar("T")
+
+_CODEC = pa.Codec("zstd", compression_level=3)
+_LENGTH = struct.Struct("<Q")
+
+
+def encode_table(table: pa.Table) -> bytes:
+    """Serialise and compress a table."""
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    raw = sink.getvalue()
+    return _LENGTH.pack(raw.size) + _CODEC.compress(raw, asbytes=True)
+
+
+def decode_table(data: bytes) -> pa.Table:
+    """The table :func:`encode_table` wrote; raises ``ValueError`` on damaged data."""
+    if len(data) < _LENGTH.size:
+        raise ValueError("encoded table is truncated")
+    (size,) = _LENGTH.unpack_from(data)
+    try:
+        raw = _CODEC.decompress(memoryview(data)[_LENGTH.size :], decompressed_size=size)
+        return pa.ipc.open_stream(raw).read_all()
+    except (pa.ArrowException, OSError) as exc:
+        raise ValueError(f"encoded table is damaged: {exc}") from exc
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """What the initiator tells the controller about a debatched (or refused) batch."""
+
+    batch_id: str
+    source: str
+    rows: int
+    accepted: int
+    rejected: int
+    work_items: int
+    pricebook_hash: str
+    taxes_hash: str
+    accepted_at: datetime
+    rejects: pa.Table  # REJECT_SCHEMA
+    refused: str | None = None  # a file-level refusal reason; then nothing was enqueued
+
+
+@dataclass(frozen=True)
+class WorkItemResult:
+    """The processor's partial aggregates for one work item."""
+
+    work_item_id: str
+    batch_id: str
+    transactions: int
+    partials: pa.Table  # PARTIAL_SCHEMA
 
 
 @dataclass(frozen=True)
@@ -52,7 +108,7 @@ def parse_request(envelope: Envelope) -> BatchRequest:
 
 
 def work_envelope(header: WorkHeader, encoded: bytes) -> Envelope:
-    """A work item; ``encoded`` is :func:`shared.codec.encode_table` of its transactions."""
+    """A work item; ``encoded`` is :func:`encode_table` of its transactions."""
     return Envelope(WORK, dict(header.__dict__), encoded)
 
 
@@ -71,7 +127,12 @@ def decode_work(header: WorkHeader, encoded: bytes) -> pa.Table:
 def results_envelope(results: list[WorkItemResult]) -> Envelope:
     """Coalesce the results of one dequeued batch into one envelope."""
     items = [
-        {"work_item_id": r.work_item_id, "batch_id": r.batch_id, "transactions": r.transactions, "groups": r.partials.num_rows}
+        {
+            "work_item_id": r.work_item_id,
+            "batch_id": r.batch_id,
+            "transactions": r.transactions,
+            "groups": r.partials.num_rows,
+        }
         for r in results
     ]
     table = pa.concat_tables([r.partials for r in results]) if results else PARTIAL_SCHEMA.empty_table()
@@ -89,7 +150,9 @@ def parse_results(envelope: Envelope) -> list[WorkItemResult]:
             groups = int(item["groups"])
             partials = table.slice(offset, groups)
             offset += groups
-            results.append(WorkItemResult(str(item["work_item_id"]), str(item["batch_id"]), int(item["transactions"]), partials))
+            results.append(
+                WorkItemResult(str(item["work_item_id"]), str(item["batch_id"]), int(item["transactions"]), partials)
+            )
     except (KeyError, TypeError, ValueError) as exc:
         raise PoisonMessage("bad_results", str(exc)) from exc
     if offset != table.num_rows:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from azure.core.exceptions import ResourceExistsError, ResourceNotFoundError
 
 from .errors import PoisonMessage
-from .storage import Storage, content_hash
+from .messaging.storage import Storage, content_hash
 
 PRICEBOOK, TAXES = "pricebook", "taxes"
 

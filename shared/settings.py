@@ -97,7 +97,9 @@ class Settings(BaseSettings):
         for name in self.model_fields_set - {"home", "sql_url"}:
             value = getattr(self, name)
             if value is not None:
-                env[f"BILLING_{name.upper()}"] = str(value.get_secret_value() if isinstance(value, SecretStr) else value)
+                env[f"BILLING_{name.upper()}"] = str(
+                    value.get_secret_value() if isinstance(value, SecretStr) else value
+                )
         return env
 
     @property

@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from billing.stack import AzuriteStack, PostgresNotInstalled, PostgresServer
+from billing.stack import AzuriteStack
+from shared.messaging.storage import Storage
 from shared.settings import Settings
-from shared.storage import Storage
+from support.postgres import PostgresNotInstalled, PostgresServer
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,202 @@
+"""Send availability (whitepaper ``004``, "paired namespaces", for storage queues).
+
+Every send to a pipeline queue goes to the primary account while it answers. Failures that are
+neither permanent nor "busy" start a per-destination timer; once the primary has failed for
+``failover_interval`` the destination is *failed over*: its messages go to a backlog queue of the
+secondary account, chosen at random among ``backlog_queue_count``, as ``<destination>\\n<message>``.
+While failed over, the primary is probed again every ``failover_probe_interval``; the first success
+makes the destination healthy. A syphon (:mod:`shared.syphon`) forwards backlog messages to their
+destination once the primary answers. Receivers read only the primary; order is not kept across a
+failover, and a send that timed out yet landed may arrive twice (the controller absorbs repeats).
+
+Never failed over: authentication, authorisation and other client errors (the configuration is
+wrong; raised at once), and 503 Server Busy (the caller waits :data:`BUSY_PAUSE` and retries).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import asdict, dataclass
+from enum import StrEnum
+from typing import TYPE_CHECKING, Literal, TypeVar
+
+from azure.core.exceptions import (
+    ClientAuthenticationError,
+    HttpResponseError,
+    ServiceRequestError,
+    ServiceResponseError,
+)
+
+from ..errors import ConfigurationError
+
+if TYPE_CHECKING:
+    from .storage import Storage
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+#: How long a sender waits after the primary answered "server busy" (as Service Bus asks).
+BUSY_PAUSE = 10.0
+#: Longest wait between retries of a failing primary before it is failed over.
+RETRY_PAUSE = 1.0
+
+Failure = Literal["permanent", "busy", "failure"]
+
+
+def classify(exc: BaseException) -> Failure:
+    """How a failed primary request counts (after the SDK's own retries)."""
+    if isinstance(exc, ClientAuthenticationError):
+        return "permanent"
+    if isinstance(exc, HttpResponseError) and exc.status_code is not None:
+        if exc.status_code == 503 and exc.error_code == "ServerBusy":
+            return "busy"
+        return "failure" if exc.status_code >= 500 or exc.status_code == 408 else "permanent"
+    if isinstance(exc, (ServiceRequestError, ServiceResponseError, OSError, asyncio.TimeoutError)):
+        return "failure"
+    return "permanent"
+
+
+class Health(StrEnum):
+    HEALTHY = "healthy"
+    FAILING = "failing"  # failing for less than the interval: senders retry the primary
+    FAILED_OVER = "failed_over"
+
+
+@dataclass
+class Route:
+    """The failover state of one destination; the caller supplies the clock."""
+
+    interval: float
+    probe_interval: float
+    health: Health = Health.HEALTHY
+    failing_since: float | None = None
+    next_probe: float = 0.0
+    failovers: int = 0
+    backlog_sent: int = 0
+
+    def use_primary(self, now: float) -> bool:
+        """Whether the next send tries the primary (always, unless failed over and no probe is due)."""
+        return self.health is not Health.FAILED_OVER or now >= self.next_probe
+
+    def succeeded(self) -> None:
+        self.health, self.failing_since = Health.HEALTHY, None
+
+    def failed(self, now: float) -> None:
+        """The primary failed (neither permanently nor busy)."""
+        if self.health is Health.FAILED_OVER:
+            self.next_probe = now + self.probe_interval
+            return
+        if self.failing_since is None:
+            self.health, self.failing_since = Health.FAILING, now
+        if now - self.failing_since >= self.interval:
+            self.health, self.next_probe = Health.FAILED_OVER, now + self.probe_interval
+            self.failovers += 1
+
+    def retry_in(self, now: float) -> float:
+        """While failing: how long to wait before trying the primary again."""
+        assert self.failing_since is not None
+        return max(0.0, min(RETRY_PAUSE, self.failing_since + self.interval - now))
+
+
+class Failover:
+    """Routes sends per destination between a primary and a secondary account."""
+
+    def __init__(
+        self,
+        primary: Storage,
+        secondary: Storage,
+        *,
+        interval: float,
+        probe_interval: float,
+        backlog_queues: list[str],
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.primary, self.secondary = primary, secondary
+        self._interval, self._probe_interval = interval, probe_interval
+        self._backlog = backlog_queues
+        self._clock = clock
+        self.routes: dict[str, Route] = {}
+
+    def route(self, destination: str) -> Route:
+        route = self.routes.get(destination)
+        if route is None:
+            route = self.routes[destination] = Route(self._interval, self._probe_interval)
+        return route
+
+    def state(self) -> dict[str, dict[str, object]]:
+        """Per destination: health, failovers so far, messages sent to the backlog."""
+        return {
+            name: {k: v for k, v in asdict(route).items() if k in ("health", "failovers", "backlog_sent")}
+            for name, route in sorted(self.routes.items())
+        }
+
+    async def run(
+        self, destination: str, primary: Callable[[], Awaitable[T]], secondary: Callable[[], Awaitable[T]]
+    ) -> tuple[T, bool]:
+        """``primary()``, or ``secondary()`` once ``destination`` is failed over; returns the result
+        and whether the secondary took it."""
+        route = self.route(destination)
+        while route.use_primary(self._clock()):
+            try:
+                result = await primary()
+            except Exception as exc:
+                kind = classify(exc)
+                if kind == "permanent":
+                    if isinstance(exc, ClientAuthenticationError):
+                        raise ConfigurationError(
+                            f"the primary storage account refused the credentials: {exc.message}"
+                        ) from exc
+                    raise
+                if kind == "busy":
+                    log.warning(
+                        "primary storage busy for %s; waiting %.0f s (busy never fails over)", destination, BUSY_PAUSE
+                    )
+                    await asyncio.sleep(BUSY_PAUSE)
+                    continue
+                was = route.health
+                route.failed(self._clock())
+                if route.health is Health.FAILED_OVER:
+                    if was is not Health.FAILED_OVER:
+                        log.error(
+                            "primary storage failing for %s (%s): failed over to the secondary account",
+                            destination,
+                            exc,
+                        )
+                    break
+                if was is Health.HEALTHY:
+                    log.warning(
+                        "primary storage failing for %s (%s); failing over in %.1f s", destination, exc, self._interval
+                    )
+                await asyncio.sleep(route.retry_in(self._clock()))
+                continue
+            if route.health is not Health.HEALTHY:
+                log.warning("primary storage answers again for %s: healthy", destination)
+            route.succeeded()
+            return result, False
+        result = await secondary()
+        return result, True
+
+    async def send(self, queue: str, text: str) -> None:
+        """Send ``text`` to ``queue``: on the primary, or into a backlog queue of the secondary."""
+
+        async def to_backlog() -> None:
+            await self.secondary.queue(random.choice(self._backlog)).send_message(backlog_message(queue, text))
+            self.route(queue).backlog_sent += 1
+
+        await self.run(queue, lambda: self.primary.queue(queue).send_message(text), to_backlog)
+
+
+def backlog_message(destination: str, text: str) -> str:
+    return f"{destination}\n{text}"
+
+
+def parse_backlog_message(content: str) -> tuple[str, str]:
+    """``(destination, original message)`` of a backlog message; ValueError if it is not one."""
+    destination, separator, text = content.partition("\n")
+    if not separator or not destination:
+        raise ValueError("not a backlog message (no destination line)")
+    return destination, text

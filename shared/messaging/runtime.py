@@ -1,0 +1,55 @@
+"""One role process: storage reached, the role built and served until a signal, its state on disk."""
+
+from __future__ import annotations
+
+import inspect
+import json
+import logging
+import os
+from collections.abc import Awaitable
+from typing import Any, Protocol
+
+from ..settings import Settings
+from .backoff import patiently
+from .processes import pid_alive
+from .service import Service, serve
+from .storage import Storage
+from .triggers import TriggerBus, trigger_bus
+
+
+class RoleFactory(Protocol):
+    """Builds a role's :class:`Service` over an open storage (each role package has one)."""
+
+    def __call__(
+        self, *, storage: Storage, settings: Settings, triggers: TriggerBus | None, burst: bool
+    ) -> Service | Awaitable[Service]: ...
+
+
+async def run_role(name: str, build: RoleFactory, settings: Settings, *, burst: bool) -> None:
+    """Run one role until a signal (or, with ``burst``, until drained), keeping its state
+    (listeners, requests made, peak memory) in ``home/state/<name>-<pid>.json``."""
+    async with Storage(settings) as storage:
+        await patiently("storage", storage.ensure_all)  # a role started during an outage waits for it
+        # Burst runs drain and exit: nothing to wake.
+        triggers = None if burst else trigger_bus(settings, storage)
+
+        async def build_service() -> Service:
+            service = build(storage=storage, settings=settings, triggers=triggers, burst=burst)
+            return await service if inspect.isawaitable(service) else service
+
+        service = await serve(build_service, state_file=settings.home / "state" / f"{name}-{os.getpid()}.json")
+    logging.getLogger(name).info("stopped; storage requests: %s", service.state()["requests"])
+
+
+def role_states(settings: Settings) -> list[dict[str, Any]]:
+    """The live state of every role process running under ``settings.home`` (listeners, requests
+    made by kind, peak memory), as each keeps it in ``home/state/<role>-<pid>.json``."""
+    states = []
+    for path in sorted((settings.home / "state").glob("*-*.json")):
+        try:
+            state = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue  # being replaced this instant
+        if pid_alive(int(state["pid"])):
+            states.append(state)
+    return states

@@ -1,0 +1,199 @@
+"""What the three roles share at run time: their listeners, state, and signal-driven shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import resource
+import signal
+from collections.abc import Awaitable, Callable, Mapping
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from ..settings import Settings
+from .listener import SCALE_RULES, Handler, QueueListener, listener_settings
+from .poison import PoisonQueue
+from .storage import Storage
+from .triggers import TriggerBus, TriggerEvent
+
+log = logging.getLogger(__name__)
+
+STATE_INTERVAL = 2.0  # seconds between refreshes of a role's state file
+
+
+class Service:
+    """A role: queue listeners over one :class:`Storage`, woken by an optional trigger bus.
+
+    With a trigger bus the listeners run in push mode (they scale to zero and wait for triggers
+    naming their queue); :meth:`announce` publishes the triggers for what the role enqueues.
+    """
+
+    name = "service"
+
+    def __init__(
+        self, *, storage: Storage, settings: Settings, triggers: TriggerBus | None = None, burst: bool = False
+    ) -> None:
+        self.storage = storage
+        self.settings = settings
+        self.triggers = triggers
+        self.burst = burst
+        self.listeners: list[QueueListener] = []
+        self._chores: list[tuple[float, Callable[[], Awaitable[None]]]] = []
+        if triggers is not None:
+            triggers.subscribe(self._on_trigger)
+
+    def listen(
+        self,
+        queue: str,
+        handler: Handler,
+        *,
+        poison: PoisonQueue,
+        queues: int = 1,
+        storage: Storage | None = None,
+        **overrides: Any,
+    ) -> QueueListener:
+        """Add a listener on ``queue``, one of the role's ``queues`` listeners (see
+        :func:`~shared.listener.listener_settings`); ``overrides`` adjust its settings. A queue of
+        another account (``storage``) is polled: triggers only name the primary's queues."""
+        push = self.triggers is not None and storage is None
+        listener = QueueListener(
+            queue=(storage or self.storage).queue(queue),
+            handler=handler,
+            poison=poison,
+            settings=listener_settings(self.settings, push=push, queues=queues, **overrides),
+            scale_rule=SCALE_RULES[self.settings.scale_rule],
+            counter=self.storage.counter,
+            burst=self.burst,
+        )
+        self.listeners.append(listener)
+        return listener
+
+    def repeat(self, interval: float, chore: Callable[[], Awaitable[None]]) -> None:
+        """Run ``chore`` at start and then every ``interval`` seconds while the listeners run; a
+        failure is logged and the chore tried again at the next interval."""
+        self._chores.append((interval, chore))
+
+    async def announce(self, counts: Mapping[str, tuple[int, int]]) -> None:
+        """Tell listeners elsewhere that work arrived: queue → (messages, transactions). A hint:
+        failures are logged by the bus, never raised."""
+        if self.triggers is not None and counts:
+            await self.triggers.announce(self.storage.account_name, counts)
+
+    def _on_trigger(self, event: TriggerEvent) -> None:
+        if event.account != self.storage.account_name:
+            return
+        for listener in self.listeners:
+            if listener.name == event.queue:
+                listener.wake(event.messages)
+
+    async def run(self, *, state_file: Path | None = None) -> None:
+        """Run every listener; return when all have stopped (burst: drained). With ``state_file``,
+        keep :meth:`state` there as JSON, refreshed every few seconds and at the end."""
+        if self.triggers is not None:
+            await self.triggers.start()
+        listeners = [asyncio.create_task(listener.run(), name=listener.name) for listener in self.listeners]
+        chores = [asyncio.create_task(_repeating(interval, chore)) for interval, chore in self._chores]
+        tasks = [*listeners, *chores, *([asyncio.create_task(self._keep_state(state_file))] if state_file else [])]
+        try:
+            await asyncio.gather(*listeners)
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            if self.triggers is not None:
+                await self.triggers.close()
+            await self.aclose()
+            if state_file is not None:
+                self._write_state(state_file)
+
+    async def _keep_state(self, state_file: Path) -> None:
+        while True:
+            self._write_state(state_file)
+            await asyncio.sleep(STATE_INTERVAL)
+
+    def _write_state(self, state_file: Path) -> None:
+        state_file.parent.mkdir(parents=True, exist_ok=True)
+        partial = state_file.with_suffix(".tmp")
+        partial.write_text(json.dumps(self.state(), indent=2))
+        partial.replace(state_file)  # readers never see half a file
+
+    def close(self) -> None:
+        """Stop receiving; in-flight batches finish and :meth:`run` returns."""
+        for listener in self.listeners:
+            listener.close()
+
+    async def aclose(self) -> None:
+        """Release what the role holds besides storage (pools, SQL); called when run ends."""
+
+    def state(self) -> dict[str, object]:
+        return {
+            "role": self.name,
+            "pid": os.getpid(),
+            "updated_at": datetime.now(UTC).isoformat(),
+            "listeners": [listener.state().to_dict() for listener in self.listeners],
+            "requests": self.storage.counter.snapshot(),
+            "requests_attributed": self.storage.counter.attributed,
+            "failover": self.storage.failover.state() if self.storage.failover else {},
+            "peak_rss_mib": peak_rss_mib(),
+            "peak_child_rss_mib": peak_rss_mib(children=True),
+        }
+
+
+async def _repeating(interval: float, chore: Callable[[], Awaitable[None]]) -> None:
+    while True:
+        try:
+            await chore()
+        except Exception as exc:
+            log.warning("%s failed, trying again in %.0f s: %s", getattr(chore, "__name__", chore), interval, exc)
+        await asyncio.sleep(interval)
+
+
+def _past_deadline(running: asyncio.Task[None]) -> None:
+    if not running.done():
+        log.warning("in-flight work did not finish by the shutdown deadline: cancelled, its messages handed back")
+        running.cancel()
+
+
+def peak_rss_mib(*, children: bool = False) -> float:
+    """Peak resident memory of this process (or the largest of its finished children), MiB."""
+    who = resource.RUSAGE_CHILDREN if children else resource.RUSAGE_SELF
+    return round(resource.getrusage(who).ru_maxrss / 1024, 1)
+
+
+async def serve(build: Callable[[], Awaitable[Service]], *, state_file: Path | None = None) -> Service:
+    """Build a service and run it until SIGINT/SIGTERM: in-flight work finishes within
+    ``settings.shutdown_deadline`` (what is still running then is cancelled and its messages
+    handed back to their queues); a second signal exits at once.
+
+    A cancelled or hard exit leaves nothing half-done: unacknowledged messages reappear after their
+    visibility timeout and an uncommitted SQL transaction is rolled back.
+    """
+    loop = asyncio.get_running_loop()
+    service = await build()
+    running = asyncio.create_task(service.run(state_file=state_file))
+    signals = 0
+
+    def on_signal(signum: int) -> None:
+        nonlocal signals
+        signals += 1
+        if signals > 1:
+            log.warning("second %s: exiting now", signal.Signals(signum).name)
+            os._exit(128 + signum)
+        deadline = service.settings.shutdown_deadline
+        log.info("%s: finishing in-flight work (at most %.0f s), then stopping", signal.Signals(signum).name, deadline)
+        service.close()
+        loop.call_later(deadline, _past_deadline, running)
+
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, on_signal, signum)
+    try:
+        with contextlib.suppress(asyncio.CancelledError):
+            await running
+    finally:
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(signum)
+    return service

@@ -1,0 +1,23 @@
+"""The tables the billing rules produce: rated partial aggregates and rejected rows."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+#: A rated work item's partial aggregates: one row per (account_id, product, billing_day).
+PARTIAL_SCHEMA = pa.schema(
+    [
+        ("account_id", pa.string()),
+        ("product", pa.string()),
+        ("billing_day", pa.string()),  # YYYY-MM-DD, UTC
+        ("currency", pa.string()),
+        ("transactions", pa.int64()),
+        ("quantity", pa.decimal128(38, 6)),
+        ("net", pa.decimal128(38, 0)),  # minor units of `currency`
+        ("tax", pa.decimal128(38, 0)),
+        ("total", pa.decimal128(38, 0)),
+    ]
+)
+
+#: Rejected rows: 1-based data row number, stable reason code, the raw row as JSON text.
+REJECT_SCHEMA = pa.schema([("row", pa.int64()), ("reason", pa.string()), ("raw", pa.string())])

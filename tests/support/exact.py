@@ -1,0 +1,75 @@
+"""Exact checks of pipeline output: the ``billing`` command as a subprocess, batch files read with
+nothing from ``shared``, the expected aggregates, invoices and rejects from the independent
+``reference_model``, and the reports to compare them with."""
+
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+import sys
+from collections import defaultdict
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+
+from shared.rules.sample import sample_price_book_bytes, sample_tax_table_bytes
+from support import reference_model as model
+
+
+def billing(*args: str) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run([sys.executable, "-m", "billing", *args], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    return result
+
+
+def read_raw(path: Path) -> list[dict[str, Any]]:
+    """The file's rows as field -> text, read with nothing from ``shared``."""
+    if path.suffix == ".csv":
+        with path.open(newline="", encoding="utf-8") as f:
+            return list(csv.DictReader(f))
+    if path.suffix == ".jsonl":
+        return [json.loads(line, parse_float=str, parse_int=str) for line in path.read_text().splitlines() if line]
+    return pq.read_table(path).to_pylist()
+
+
+def expected(rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
+    """Aggregates, invoices and rejects as the report JSON should show them."""
+    prices = model.read_prices(sample_price_book_bytes().decode())
+    rates = model.read_rates(sample_tax_table_bytes().decode())
+    aggregates: dict[tuple[str, ...], dict[str, Any]] = {}
+    invoices: dict[tuple[str, ...], dict[str, int]] = defaultdict(lambda: {"net": 0, "tax": 0, "total": 0})
+    rejects = []
+    for number, result in enumerate(model.check_batch(rows, prices, rates), start=1):
+        if isinstance(result, str):
+            rejects.append({"row": number, "reason": result})
+            continue
+        rated = model.rate_row(result, prices, rates)
+        key = (result.account_id, result.product, rated.billing_day, rated.currency)
+        agg = aggregates.setdefault(key, {"transactions": 0, "quantity": Decimal(0), "net": 0, "tax": 0, "total": 0})
+        agg["transactions"] += 1
+        agg["quantity"] += result.quantity
+        invoice = invoices[(result.account_id, rated.billing_day[:7], rated.currency)]
+        for money in ("net", "tax", "total"):
+            agg[money] += getattr(rated, money)
+            invoice[money] += getattr(rated, money)
+    names = ("account_id", "product", "billing_day", "currency")
+    return (
+        sorted(({**dict(zip(names, k)), **v} for k, v in aggregates.items()), key=_key),
+        sorted(
+            ({"account_id": k[0], "billing_period": k[1], "currency": k[2], **v} for k, v in invoices.items()), key=_key
+        ),
+        rejects,
+    )
+
+
+def _key(record: dict[str, Any]) -> tuple[str, ...]:
+    return tuple(
+        str(v) for k, v in record.items() if k in ("account_id", "product", "billing_day", "billing_period", "currency")
+    )
+
+
+def report(kind: str, batch_id: str) -> list[dict[str, Any]]:
+    return json.loads(billing("report", kind, "--batch", batch_id, "--format", "json").stdout)

@@ -1,0 +1,68 @@
+"""Request accounting reconciles: what the program counts (every role's request counter plus the
+submitting client's) equals, kind by kind, what Azurite itself logged receiving (its ``--debug`` log)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import time
+from collections import Counter
+from pathlib import Path
+
+from pydantic import SecretStr
+
+from billing import client
+from billing.demo import role_processes
+from billing.stack import AzuriteStack
+from controller.store import Store
+from shared.messaging.storage import classify
+from shared.rules.sample import generate
+from shared.settings import Settings
+from support.exact import billing
+
+# One line per request Azurite received: which service middleware, the method and the URL.
+REQUEST = re.compile(r"(Queue|Blob)StorageContextMiddleware: RequestMethod=(\w+) RequestURL=(\S+)")
+
+
+def azurite_saw(debug_log: Path) -> Counter[str]:
+    """Requests by kind, as Azurite logged them."""
+    seen: Counter[str] = Counter()
+    for service, method, url in REQUEST.findall(debug_log.read_text(errors="replace")):
+        seen[classify(service.lower(), method, url)] += 1
+    return seen
+
+
+def test_counted_requests_equal_what_azurite_received(settings_env: Settings, tmp_path: Path) -> None:
+    debug_log = tmp_path / "azurite-debug.log"
+    stack = AzuriteStack(home=tmp_path / "azurite", persist=False, debug_log=debug_log)
+    settings = settings_env.model_copy(update={"storage_connection_string": SecretStr(stack.start())})
+    batch = tmp_path / "batch.csv"
+    generate(5_000, batch, seed=3)
+    try:
+        with role_processes(settings, tmp_path / "logs") as processes:
+            submission = asyncio.run(client.submit(settings, batch, batch_id="counted"))
+            with Store(settings.sql_url_value) as store:
+                status = client.wait_for(store, "counted", timeout=120)
+            time.sleep(2.5)  # a state refresh after the last request
+            live = json.loads(billing("status", "--json").stdout)
+        assert status is not None and status.state == "complete"
+        assert [p.returncode for p in processes] == [0, 0, 0]
+        seen = azurite_saw(debug_log)
+    finally:
+        stack.stop()
+
+    counted: Counter[str] = Counter(submission.requests)
+    states = [json.loads(path.read_text()) for path in (settings.home / "state").glob("*.json")]
+    assert sorted(state["role"] for state in states) == ["controller", "initiator", "processor"]
+    assert [b["batch_id"] for b in live["batches"]] == ["counted"]
+    assert sorted(r["role"] for r in live["roles"]) == ["controller", "initiator", "processor"]
+    for running in live["roles"]:  # `billing status` shows each live role's counts; they only grow
+        final = next(state for state in states if state["pid"] == running["pid"])
+        assert 0 < running["requests"]["total"] <= final["requests"]["total"]
+    for state in states:
+        counted.update(state["requests"])
+    total = counted.pop("total")
+    assert dict(counted) == dict(seen)
+    assert total == seen.total() > 0
+    assert counted["queue.send"] >= status.work_items, "every work item was sent, and counted"

@@ -1,0 +1,184 @@
+"""Chaos: a large batch (``BILLING_CHAOS_ROWS``, default 200,000 rows) while the test SIGKILLs and
+restarts roles at random moments, stops and restarts Azurite (on-disk persistence), or restarts
+PostgreSQL. Afterwards every work item is counted exactly once and the aggregates equal the
+independent reference model to the minor unit."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from billing.cli import ROLES
+from billing.stack import AzuriteStack
+from controller.store import FINAL_STATES, BatchStatus, Store
+from shared.rules.sample import generate
+from shared.settings import Settings
+from support.exact import _key, billing, expected, read_raw, report
+from support.postgres import PostgresServer
+
+pytestmark = pytest.mark.slow
+
+ROWS = int(os.environ.get("BILLING_CHAOS_ROWS", "200000"))
+KILLS = 9  # SIGKILLs per run at most: each role three times, while the batch is still in flight
+SEED = 2026
+
+
+class Roles:
+    """The three roles as processes that the test can kill and restart one at a time."""
+
+    def __init__(self, env: dict[str, str], log_dir: Path) -> None:
+        self.env, self.log_dir = env, log_dir
+        log_dir.mkdir(parents=True, exist_ok=True)
+        self.processes = {role: self._start(role) for role in ROLES}
+        self.killed: list[str] = []
+
+    def _start(self, role: str) -> subprocess.Popen[bytes]:
+        log = (self.log_dir / f"{role}.log").open("ab")
+        return subprocess.Popen([sys.executable, "-m", role], env=self.env, stdout=log, stderr=log)
+
+    def kill_and_restart(self, role: str) -> None:
+        self.processes[role].send_signal(signal.SIGKILL)
+        self.processes[role].wait()
+        self.killed.append(role)
+        self.processes[role] = self._start(role)
+
+    def stop(self) -> list[int]:
+        """SIGTERM every role once it is up (a role still starting dies by the default action)."""
+        home = Path(self.env["BILLING_HOME"])
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not all(
+            (home / "state" / f"{role}-{process.pid}.json").exists() for role, process in self.processes.items()
+        ):
+            time.sleep(0.2)
+        for process in self.processes.values():
+            process.send_signal(signal.SIGTERM)
+        return [process.wait(timeout=120) for process in self.processes.values()]
+
+
+@pytest.fixture(scope="module")
+def chaos_batch(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
+    """One batch file for every run, with its expected aggregates and invoices (computed once)."""
+    path = tmp_path_factory.mktemp("chaos") / "batch.csv"
+    generate(ROWS, path, seed=SEED, reject_rate=0.01)
+    return path, expected(read_raw(path))
+
+
+@pytest.fixture
+def stack(settings_env: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[AzuriteStack]:
+    """An Azurite of the test's own, persisted on disk, so the test can stop and restart it."""
+    azurite = AzuriteStack(home=tmp_path / "azurite", persist=True)
+    monkeypatch.setenv("BILLING_STORAGE_CONNECTION_STRING", azurite.start())
+    for name, value in {"PARTITIONS": "4", "VISIBILITY_TIMEOUT": "5", "MAX_DEQUEUE_COUNT": "20"}.items():
+        monkeypatch.setenv(f"BILLING_{name}", value)
+    try:
+        yield azurite
+    finally:
+        azurite.stop()
+
+
+def run_with_chaos(batch: Path, log_dir: Path, inflict: Callable[[Roles, random.Random], None]) -> BatchStatus:
+    """Submit ``batch``, let ``inflict`` do its damage while the roles work, wait for the end."""
+    settings = Settings()
+    roles = Roles(dict(os.environ), log_dir)
+    try:
+        billing("submit", str(batch), "--batch-id", "chaos")
+        inflict(roles, random.Random(SEED))
+        status = _wait(settings, timeout=600)
+    finally:
+        codes = roles.stop()
+    assert codes == [0, 0, 0], f"every role stops cleanly after the chaos (logs in {log_dir})"
+    assert status is not None, "the batch did not finish within 10 minutes"
+    return status
+
+
+def _wait(settings: Settings, *, timeout: float) -> BatchStatus | None:
+    """The batch's status once final (None if it is not final within ``timeout``)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with Store(settings.sql_url_value, migrate=False) as store:
+                status = store.batch("chaos")
+        except Exception:
+            status = None
+        if status is not None and status.state in FINAL_STATES:
+            return status
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(1)
+
+
+def assert_exact(status: BatchStatus, want: Any) -> None:
+    aggregates, invoices, rejects = want
+    accepted = sum(a["transactions"] for a in aggregates)
+    assert status.state == "complete" and status.poisoned_items == 0
+    assert (status.rows, status.accepted, status.rejected) == (ROWS, accepted, len(rejects))
+    assert status.completed_items == status.work_items
+    assert status.transactions_recorded == accepted, "no work item counted twice or lost"
+    got = report("aggregates", "chaos")
+    for record in got:
+        record["quantity"] = Decimal(record["quantity"])
+    assert sorted(got, key=_key) == aggregates
+    assert sorted(report("invoices", "chaos"), key=_key) == invoices
+
+
+def test_roles_killed_at_random_moments(stack: AzuriteStack, chaos_batch: tuple[Path, Any], tmp_path: Path) -> None:
+    settings = Settings()
+
+    def kill_roles(roles: Roles, rng: random.Random) -> None:
+        victims = [*ROLES, *ROLES, *ROLES]
+        rng.shuffle(victims)
+        for role in victims[:KILLS]:
+            time.sleep(rng.uniform(0.5, 2.5))
+            if _wait(settings, timeout=0) is not None:
+                break  # the batch is done: later kills would prove nothing
+            roles.kill_and_restart(role)
+        assert set(roles.killed[:6]) == set(ROLES), f"every role was killed mid-run: {roles.killed}"
+
+    batch, want = chaos_batch
+    status = run_with_chaos(batch, tmp_path / "logs", kill_roles)
+    assert_exact(status, want)
+
+
+def test_azurite_stopped_and_restarted_mid_run(
+    stack: AzuriteStack, chaos_batch: tuple[Path, Any], tmp_path: Path
+) -> None:
+    def restart_azurite(roles: Roles, rng: random.Random) -> None:
+        time.sleep(rng.uniform(2.0, 4.0))
+        stack.restart(down_for=5)
+
+    batch, want = chaos_batch
+    status = run_with_chaos(batch, tmp_path / "logs", restart_azurite)
+    assert_exact(status, want)
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("sql_url", ["postgresql"], indirect=True)
+def test_postgresql_restarted_mid_run(
+    stack: AzuriteStack,
+    chaos_batch: tuple[Path, Any],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    postgres_server: PostgresServer,
+    sql_url: str,
+) -> None:
+    monkeypatch.setenv("BILLING_SQL_URL", sql_url)
+
+    def restart_postgres(roles: Roles, rng: random.Random) -> None:
+        time.sleep(rng.uniform(2.0, 4.0))
+        postgres_server.stop()
+        time.sleep(5)
+        postgres_server.start()
+
+    batch, want = chaos_batch
+    status = run_with_chaos(batch, tmp_path / "logs", restart_postgres)
+    assert_exact(status, want)

@@ -1,0 +1,149 @@
+"""The whole pipeline end to end: initiator, processor and controller as separate OS processes on
+Azurite and SQL, fed through ``billing submit``, checked to the minor unit against the independent
+row-at-a-time model in ``reference_model``."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import time
+from collections.abc import Iterator
+from decimal import Decimal
+from pathlib import Path
+
+import pytest
+
+from billing.demo import role_processes
+from shared.messaging.envelope import BATCH_PREFIX, batch_blob
+from shared.messaging.storage import Storage
+from shared.rules.sample import generate
+from shared.settings import Settings
+from support.exact import _key, billing, expected, read_raw, report
+from support.servicebus_broker import ServiceBusTestBroker
+
+ROWS = 4_000
+
+
+@pytest.fixture
+def pipeline_env(settings_env: Settings, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> Settings:
+    monkeypatch.setenv("BILLING_PARTITIONS", "3")
+    monkeypatch.setenv("BILLING_WORK_ITEM_SIZE", str(request.param))
+    return Settings()
+
+
+def claim_checks(settings: Settings, batch_id: str = "") -> list[str]:
+    """The names of the claim-check blobs of ``batch_id`` (of every batch if empty)."""
+
+    async def names() -> list[str]:
+        async with Storage(settings) as storage:
+            prefix = batch_blob(batch_id, "") if batch_id else BATCH_PREFIX
+            return [
+                b.name async for b in storage.container(settings.work_container).list_blobs(name_starts_with=prefix)
+            ]
+
+    return asyncio.run(names())
+
+
+@pytest.mark.parametrize(
+    "pipeline_env",
+    [pytest.param(300, id="inline-work-items"), pytest.param(3_000, id="claim-checked-work-items")],
+    indirect=True,
+)
+def test_batches_in_every_format_come_out_exact(pipeline_env: Settings, tmp_path: Path) -> None:
+    batches = {}
+    for seed, fmt in enumerate(("csv", "jsonl", "parquet"), start=1):
+        path = tmp_path / f"batch.{fmt}"
+        generate(ROWS, path, seed=seed, fmt=fmt, reject_rate=0.02)
+        batches[f"batch-{fmt}"] = path
+
+    with role_processes(pipeline_env, tmp_path / "logs") as processes:
+        for batch_id, path in batches.items():
+            assert "submitted" in billing("submit", str(path), "--batch-id", batch_id).stdout
+        for batch_id, path in batches.items():
+            billing("submit", str(path), "--batch-id", batch_id, "--wait")  # exits non-zero unless complete
+        again = billing("submit", str(batches["batch-csv"]), "--batch-id", "batch-csv", "--wait")
+        assert "already submitted; nothing changed" in again.stdout
+    assert [p.returncode for p in processes] == [0, 0, 0], "every role exits 0 on SIGTERM"
+
+    for batch_id, path in batches.items():
+        aggregates, invoices, rejects = expected(read_raw(path))
+        status = json.loads(billing("status", batch_id, "--json").stdout)
+        accepted = sum(a["transactions"] for a in aggregates)
+        assert status["state"] == "complete"
+        assert (status["rows"], status["accepted"], status["rejected"]) == (ROWS, accepted, len(rejects))
+        assert status["completed_items"] == status["work_items"] == -(-accepted // pipeline_env.work_item_size)
+        assert status["poisoned_items"] == 0 and status["latency_seconds"] > 0
+        assert status["accepted_at"] < status["completed_at"]
+
+        got = report("aggregates", batch_id)
+        for record in got:
+            assert "E" not in record["quantity"] and not record["quantity"].endswith(".")
+            assert not ("." in record["quantity"] and record["quantity"].endswith("0"))
+            record["quantity"] = Decimal(record["quantity"])
+        assert sorted(got, key=_key) == aggregates
+        assert sorted(report("invoices", batch_id), key=_key) == invoices
+        assert [{"row": r["row"], "reason": r["reason"]} for r in report("rejects", batch_id)] == rejects
+        assert len(rejects) > 0, "the sample carries defects, so rejects are exercised"
+    # A full 3,000-row item (~100 KB encoded) cannot travel inline; the short last one and 300-row items can.
+    work_blobs = [name for name in claim_checks(pipeline_env) if name.split("/")[2] == "work"]
+    assert len(work_blobs) == (len(batches) if pipeline_env.work_item_size == 3_000 else 0)
+
+
+@pytest.mark.parametrize("pipeline_env", [pytest.param(3_000, id="claim-checked-work-items")], indirect=True)
+def test_a_complete_batch_loses_its_claim_checks_after_the_retention(
+    pipeline_env: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("BILLING_CLAIM_CHECK_RETENTION", "0")
+    path = tmp_path / "batch.csv"
+    generate(ROWS, path, seed=11, reject_rate=0.02)
+    with role_processes(pipeline_env, tmp_path / "logs"):
+        billing("submit", str(path), "--batch-id", "swept", "--wait")
+        deadline = time.monotonic() + 30
+        while json.loads(billing("status", "swept", "--json").stdout)["claims_deleted_at"] is None:
+            assert time.monotonic() < deadline, "the controller did not delete the claim checks within 30 s"
+            time.sleep(0.5)
+    assert claim_checks(pipeline_env, "swept") == []
+    controller_log = (tmp_path / "logs" / "controller-2.log").read_text()
+    deleted = re.search(r"batch swept: (\d+) claim-check blobs deleted", controller_log)
+    assert deleted and int(deleted.group(1)) >= 1, "the 3,000-transaction work item went by claim check"
+
+    async def inbox() -> list[str]:
+        async with Storage(pipeline_env) as storage:
+            return [b.name async for b in storage.container(pipeline_env.inbox_container).list_blobs()]
+
+    assert asyncio.run(inbox()) == ["swept"], "the submitted file itself is kept"
+    aggregates, invoices, _ = expected(read_raw(path))
+    got = [{**record, "quantity": Decimal(record["quantity"])} for record in report("aggregates", "swept")]
+    assert sorted(got, key=_key) == aggregates
+    assert sorted(report("invoices", "swept"), key=_key) == invoices
+
+
+@pytest.fixture(params=["local", "servicebus"])
+def trigger_env(
+    settings_env: Settings, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest
+) -> Iterator[Settings]:
+    """Roles that, once idle, sleep at least ten minutes between polls: only a trigger wakes them."""
+    monkeypatch.setenv("BILLING_MIN_IDLE_INTERVAL", "600")
+    monkeypatch.setenv("BILLING_MAX_IDLE_INTERVAL", "3600")
+    monkeypatch.setenv("BILLING_SAFETY_POLL_INTERVAL", "3600")
+    if request.param == "local":
+        yield Settings()
+        return
+    # The test broker stands in for Azure Service Bus at the wire (see tests/support/servicebus_broker.py);
+    # it creates each instance's subscription when the instance attaches.
+    with ServiceBusTestBroker(topic=Settings().trigger_topic) as broker:
+        monkeypatch.setenv("BILLING_SERVICEBUS_CONNECTION_STRING", broker.connection_string)
+        monkeypatch.setenv("BILLING_TRIGGER_CREATE_SUBSCRIPTION", "false")
+        yield Settings()
+
+
+def test_idle_roles_are_woken_by_triggers(trigger_env: Settings, tmp_path: Path) -> None:
+    path = tmp_path / "batch.csv"
+    generate(2_000, path, seed=9)
+    with role_processes(trigger_env, tmp_path / "logs") as processes:
+        time.sleep(3)  # every role has polled once and gone to sleep for ten minutes
+        billing("submit", str(path), "--batch-id", "woken", "--wait", "--timeout", "120")
+    assert [p.returncode for p in processes] == [0, 0, 0]
+    status = json.loads(billing("status", "woken", "--json").stdout)
+    assert status["state"] == "complete" and status["rows"] == 2_000

@@ -1,0 +1,111 @@
+"""``billing submit`` as a user runs it: refusals enqueue nothing, resubmission changes nothing."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from shared.messaging.storage import Storage
+from shared.settings import Settings
+
+HEADER = "transaction_id,account_id,timestamp,product,quantity,region\n"
+GOOD_ROW = "t1,acct-1,2026-03-02T09:15:00+01:00,{product},1.5,\n"
+
+
+def billing(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "billing", *args], capture_output=True, text=True, env=os.environ, timeout=120
+    )
+
+
+async def _queued_and_inbox(settings: Settings) -> tuple[int, int]:
+    async with Storage(settings) as storage:
+        await storage.ensure_all()
+        props = await storage.queue(settings.requests_queue).get_queue_properties()
+        blobs = [b async for b in storage.container(settings.inbox_container).list_blobs()]
+    return props.approximate_message_count, len(blobs)
+
+
+@pytest.fixture
+def product() -> str:
+    from shared.rules.reference import load_price_book
+    from shared.rules.sample import sample_price_book_bytes
+
+    return next(iter(load_price_book(sample_price_book_bytes()).products))
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "message"),
+    [
+        ("latin1.csv", (HEADER + "t1,acct-\xe9,2026-03-02T09:15:00Z,P,1,\n").encode("latin-1"), "UTF-8"),
+        ("nocol.csv", b"transaction_id,account_id,timestamp,quantity\nt1,a,2026-03-02T09:15:00Z,1\n", "product"),
+        ("quotes.csv", (HEADER + 't1,"acct"x,2026-03-02T09:15:00Z,P,1,\n').encode(), "malformed CSV at line 2"),
+        ("broken.jsonl", b'{"transaction_id": "t1"}\n[1, 2]\n', "line 2"),
+        ("garbage.parquet", b"PAR1 this is not parquet", "arquet"),
+    ],
+)
+def test_unreadable_file_is_refused_and_nothing_is_enqueued(
+    settings_env: Settings, tmp_path: Path, name: str, content: bytes, message: str
+) -> None:
+    path = tmp_path / name
+    path.write_bytes(content)
+    result = billing("submit", str(path))
+    assert result.returncode != 0
+    assert message.lower() in result.stderr.lower()
+    assert "Traceback" not in result.stderr
+    assert asyncio.run(_queued_and_inbox(settings_env)) == (0, 0)
+
+
+def test_a_file_over_the_size_limit_is_refused_before_it_is_read(
+    settings_env: Settings, tmp_path: Path, product: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "big.csv"
+    path.write_text(HEADER + GOOD_ROW.format(product=product) * 100)
+    monkeypatch.setenv("BILLING_MAX_FILE_BYTES", str(path.stat().st_size - 1))
+    result = billing("submit", str(path))
+    assert result.returncode != 0 and "over the limit" in result.stderr and "Traceback" not in result.stderr
+    assert asyncio.run(_queued_and_inbox(settings_env)) == (0, 0)
+    monkeypatch.setenv("BILLING_MAX_FILE_BYTES", str(path.stat().st_size))
+    assert billing("submit", str(path)).returncode == 0
+
+
+def test_resubmitting_a_batch_changes_nothing_and_says_so(settings_env: Settings, tmp_path: Path, product: str) -> None:
+    path = tmp_path / "batch.csv"
+    path.write_text(HEADER + GOOD_ROW.format(product=product))
+    first = billing("submit", str(path), "--batch-id", "b-1")
+    assert first.returncode == 0, first.stderr
+    assert "submitted" in first.stdout
+    second = billing("submit", str(path), "--batch-id", "b-1")
+    assert second.returncode == 0, second.stderr
+    assert "already submitted" in second.stdout
+    assert asyncio.run(_queued_and_inbox(settings_env)) == (1, 1)
+
+
+def test_invalid_reference_data_is_refused_before_anything_is_stored(
+    settings_env: Settings, tmp_path: Path, product: str
+) -> None:
+    path = tmp_path / "batch.csv"
+    path.write_text(HEADER + GOOD_ROW.format(product=product))
+    taxes = tmp_path / "taxes.csv"
+    taxes.write_text("region,tax_rate\nDE,0.19\n")  # no default `*` row
+    result = billing("submit", str(path), "--taxes", str(taxes))
+    assert result.returncode != 0
+    assert "*" in result.stderr
+    assert asyncio.run(_queued_and_inbox(settings_env)) == (0, 0)
+
+
+@pytest.mark.parametrize("batch_id", ["a/b", "", "x" * 129, "spaces are not ids"])
+def test_a_batch_id_that_cannot_name_blobs_is_refused(
+    settings_env: Settings, tmp_path: Path, product: str, batch_id: str
+) -> None:
+    path = tmp_path / "batch.csv"
+    path.write_text(HEADER + GOOD_ROW.format(product=product))
+    result = billing("submit", str(path), "--batch-id", batch_id)
+    assert result.returncode != 0
+    assert "batch id" in result.stderr and len(result.stderr.strip().splitlines()) == 1
+    assert asyncio.run(_queued_and_inbox(settings_env)) == (0, 0)
