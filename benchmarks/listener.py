@@ -111,7 +111,7 @@ async def _wake_latency(settings: Settings, trials: int) -> dict[str, float]:
             published = time.perf_counter()
             await publisher.announce(storage.account_name, {queue: (1, 1)})
             samples.append(1000 * (await asyncio.wait_for(received.get(), 30) - published))
-        listener.close()
+        listener.stop()
         await runner
     samples.sort()
     return {
@@ -180,7 +180,7 @@ async def _scaling(settings: Settings, messages: int = 2_000) -> tuple[float, in
         drained = time.perf_counter()
         await _until_idle(listener)
         down = time.perf_counter() - drained
-        listener.close()
+        listener.stop()
         await runner
     return round(handled[0][0] - woken, 4), tasks, round(down, 1)
 

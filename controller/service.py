@@ -25,6 +25,7 @@ from shared.protocol import (
     Manifest,
     PoisonNotice,
     WorkItemResult,
+    notify_controller,
     parse_manifest,
     parse_poisoned,
     parse_results,
@@ -57,7 +58,9 @@ class Controller(Service):
         self.store = store
         self.claim_check = ClaimCheck(storage, container=settings.work_container, limit=settings.max_message_bytes)
         # SQL writes serialise per batch anyway: one dequeue task, full batches.
-        poison = PoisonQueue(storage, self.claim_check, notify=settings.results_queue)
+        poison = PoisonQueue(
+            storage, self.claim_check, on_poisoned=notify_controller(self.claim_check, settings.results_queue)
+        )
         self.listen(settings.results_queue, self.handle, poison=poison, max_tasks=1)
         self.repeat(min(CLEAN_UP_INTERVAL, max(1.0, settings.claim_check_retention)), self.clean_up)
         if storage.secondary is not None and settings.enable_syphon:

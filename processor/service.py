@@ -18,7 +18,7 @@ from shared.messaging.poison import PoisonQueue
 from shared.messaging.service import Service
 from shared.messaging.storage import Storage
 from shared.messaging.triggers import TriggerBus
-from shared.protocol import WorkHeader, parse_work_header
+from shared.protocol import WorkHeader, notify_controller, parse_work_header
 from shared.refstore import PRICEBOOK, TAXES, ReferenceStore
 from shared.settings import Settings
 
@@ -44,7 +44,9 @@ class Processor(Service):
             initializer=exit_with,
             initargs=(os.getpid(),),
         )
-        poison = PoisonQueue(storage, self.claim_check, notify=settings.results_queue)
+        poison = PoisonQueue(
+            storage, self.claim_check, on_poisoned=notify_controller(self.claim_check, settings.results_queue)
+        )
         for name in settings.input_queues:
             self.listen(name, self.handle, poison=poison, queues=settings.partitions)
 

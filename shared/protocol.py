@@ -7,7 +7,9 @@ whole with zstd (small, fast, exact types).
 
 from __future__ import annotations
 
+import logging
 import struct
+import uuid
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, TypeVar
@@ -15,7 +17,8 @@ from typing import Any, TypeVar
 import pyarrow as pa
 
 from .errors import PoisonMessage
-from .messaging.envelope import Envelope
+from .messaging.envelope import ClaimCheck, Envelope
+from .messaging.poison import OnPoisoned
 from .rules.schemas import PARTIAL_SCHEMA, REJECT_SCHEMA
 
 REQUEST, WORK, RESULTS, MANIFEST, POISONED = "request", "work", "results", "manifest", "poisoned"
@@ -222,3 +225,22 @@ def _build(cls: type[T], fields: dict[str, Any]) -> T:
         return cls(**fields)
     except (TypeError, ValueError) as exc:
         raise PoisonMessage("bad_envelope", f"{cls.__name__}: {exc}") from exc
+
+
+_log = logging.getLogger(__name__)
+
+
+def notify_controller(claim_check: ClaimCheck, results_queue: str) -> OnPoisoned:
+    """A :class:`~shared.messaging.poison.PoisonQueue` ``on_poisoned`` callback that reports every work
+    item a poisoned message names (read from its headers alone) to the controller on ``results_queue``
+    as a :class:`PoisonNotice`, so the item's batch ends instead of hanging."""
+
+    async def tell_controller(kind: str, headers: dict[str, Any], reason: str) -> None:
+        items = work_items_named(kind, headers)
+        if not items:
+            _log.warning("the poisoned message names no work item; no batch is told")
+        for batch_id, work_item_id in items:
+            envelope = poisoned_envelope(PoisonNotice(batch_id, work_item_id, reason))
+            await claim_check.send(results_queue, envelope, blob_name=f"poison/notices/{uuid.uuid4().hex}")
+
+    return tell_controller

@@ -1,16 +1,18 @@
 """Send availability (whitepaper ``004``, "paired namespaces", for storage queues).
 
-Every send to a pipeline queue goes to the primary account while it answers. Failures that are
-neither permanent nor "busy" start a per-destination timer; once the primary has failed for
-``failover_interval`` the destination is *failed over*: its messages go to a backlog queue of the
-secondary account, chosen at random among ``backlog_queue_count``, as ``<destination>\\n<message>``.
+Every send to a pipeline queue goes to the primary account while it answers. Transient failures
+(:func:`~shared.errors.is_transient`) other than "server busy" start a per-destination timer; once
+the primary has failed for ``failover_interval`` the destination is *failed over*: its messages go
+to a backlog queue of the secondary account, chosen at random among ``backlog_queue_count``, as
+``<destination>\\n<message>``.
 While failed over, the primary is probed again every ``failover_probe_interval``; the first success
 makes the destination healthy. A syphon (:mod:`shared.syphon`) forwards backlog messages to their
 destination once the primary answers. Receivers read only the primary; order is not kept across a
 failover, and a send that timed out yet landed may arrive twice (the controller absorbs repeats).
 
-Never failed over: authentication, authorisation and other client errors (the configuration is
-wrong; raised at once), and 503 Server Busy (the caller waits :data:`BUSY_PAUSE` and retries).
+Never failed over: permanent failures such as authentication, authorisation and other client errors
+(the configuration is wrong; raised at once, a refused credential as :class:`ConfigurationError`),
+and 503 Server Busy (the caller waits :data:`BUSY_PAUSE` and retries).
 """
 
 from __future__ import annotations
@@ -22,16 +24,11 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass
 from enum import StrEnum
-from typing import TYPE_CHECKING, Literal, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
-from azure.core.exceptions import (
-    ClientAuthenticationError,
-    HttpResponseError,
-    ServiceRequestError,
-    ServiceResponseError,
-)
+from azure.core.exceptions import ClientAuthenticationError, HttpResponseError
 
-from ..errors import ConfigurationError
+from ..errors import ConfigurationError, is_transient
 
 if TYPE_CHECKING:
     from .storage import Storage
@@ -44,20 +41,14 @@ BUSY_PAUSE = 10.0
 #: Longest wait between retries of a failing primary before it is failed over.
 RETRY_PAUSE = 1.0
 
-Failure = Literal["permanent", "busy", "failure"]
 
-
-def classify(exc: BaseException) -> Failure:
-    """How a failed primary request counts (after the SDK's own retries)."""
-    if isinstance(exc, ClientAuthenticationError):
-        return "permanent"
-    if isinstance(exc, HttpResponseError) and exc.status_code is not None:
-        if exc.status_code == 503 and exc.error_code == "ServerBusy":
-            return "busy"
-        return "failure" if exc.status_code >= 500 or exc.status_code == 408 else "permanent"
-    if isinstance(exc, (ServiceRequestError, ServiceResponseError, OSError, asyncio.TimeoutError)):
-        return "failure"
-    return "permanent"
+def is_server_busy(exc: BaseException) -> bool:
+    """Whether storage answered 503 Server Busy: transient, but a reason to wait, not to fail over."""
+    return (
+        isinstance(exc, HttpResponseError)
+        and exc.status_code == 503
+        and getattr(exc, "error_code", None) == "ServerBusy"  # set by the storage SDK's error mapping
+    )
 
 
 class Health(StrEnum):
@@ -144,14 +135,13 @@ class Failover:
             try:
                 result = await primary()
             except Exception as exc:
-                kind = classify(exc)
-                if kind == "permanent":
+                if not is_transient(exc):
                     if isinstance(exc, ClientAuthenticationError):
                         raise ConfigurationError(
                             f"the primary storage account refused the credentials: {exc.message}"
                         ) from exc
                     raise
-                if kind == "busy":
+                if is_server_busy(exc):
                     log.warning(
                         "primary storage busy for %s; waiting %.0f s (busy never fails over)", destination, BUSY_PAUSE
                     )

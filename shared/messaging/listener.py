@@ -10,8 +10,15 @@ every ``safety_poll_interval`` so a lost trigger never strands work.
 Work detected (a poll finds messages after idling, or :meth:`QueueListener.wake`) asks the scale
 rule for the number of tasks the queue depth deserves and starts the difference. Messages are
 deleted only after the handler returns (its output is durable by then); while they wait or are
-worked on, their visibility is renewed. A message seen more than ``max_dequeue_count`` times, or
-one the handler declares poison, moves to the poison queue with its reason.
+worked on, :class:`~shared.messaging.leases.Leases` renews their visibility. A message seen more
+than ``max_dequeue_count`` times, or one the handler declares poison, moves to the poison queue
+with its reason. A handler that fails otherwise leaves its messages to be redelivered, except for
+a :class:`~shared.errors.ConfigurationError`: retrying cannot help, so the listener hands the
+messages back and stops, and :meth:`QueueListener.run` raises the error.
+
+The parts: the scaling supervisor (:meth:`QueueListener.run`, which owns the dequeue tasks), the
+receive loop of each task (:meth:`QueueListener._dequeue_loop`), acknowledgement and poison
+(:meth:`QueueListener._process`), the leases, and the counters (:class:`ListenerStats`).
 """
 
 from __future__ import annotations
@@ -23,15 +30,15 @@ import random
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import asdict, dataclass, replace
-from datetime import UTC, datetime, timedelta
+from typing import Any
 
-from azure.core.exceptions import HttpResponseError, ResourceNotFoundError
 from azure.storage.queue import QueueMessage
 from azure.storage.queue.aio import QueueClient
 
-from ..errors import InfrastructureError
+from ..errors import ConfigurationError, is_transient
 from ..settings import Settings
 from . import backoff
+from .leases import Leases
 from .poison import PoisonQueue, poison_queue_name
 from .storage import RequestCounter
 from .tally import Tally, tallying
@@ -41,7 +48,6 @@ log = logging.getLogger(__name__)
 #: The handler gets one received batch; it returns the messages to poison (id → reason).
 Handler = Callable[[list[QueueMessage]], Awaitable[Mapping[str, str] | None]]
 
-HAND_BACK_SECONDS = 5.0  # at shutdown, for making cancelled messages visible again
 SERVICE_TIME_WEIGHT = 0.3  # weight of the newest sample in the per-message service time average
 
 
@@ -62,8 +68,8 @@ class ListenerSettings:
     delete_on_receive: bool = False
 
     @classmethod
-    def from_settings(cls, settings: Settings, **overrides: object) -> ListenerSettings:
-        values = {
+    def from_settings(cls, settings: Settings, **overrides: Any) -> ListenerSettings:
+        values: dict[str, Any] = {
             "dequeue_batch_size": settings.dequeue_batch_size,
             "visibility_timeout": settings.visibility_timeout,
             "min_idle_interval": settings.min_idle_interval,
@@ -75,21 +81,26 @@ class ListenerSettings:
             "safety_poll_interval": settings.safety_poll_interval,
             "delete_on_receive": settings.delete_on_receive,
         }
-        return cls(**{**values, **overrides})  # type: ignore[arg-type]
+        return cls(**{**values, **overrides})
 
 
-def idle_delay(idle_count: int, settings: ListenerSettings, rng: random.Random = random._inst) -> float:  # type: ignore[attr-defined]
+def idle_delay(idle_count: int, settings: ListenerSettings, rng: random.Random = random._inst) -> float:
     """Sleep after the ``idle_count``-th consecutive empty poll, jittered even at the cap."""
     jitter = rng.uniform(0.8, 1.2)
     if at_idle_cap(idle_count, settings):
         return settings.max_idle_interval * jitter
-    return settings.min_idle_interval + (2**idle_count - 1) * jitter * settings.backoff_delta
+    return settings.min_idle_interval + _doublings(idle_count) * jitter * settings.backoff_delta
 
 
 def at_idle_cap(idle_count: int, settings: ListenerSettings) -> bool:
     """Whether the back-off has reached ``max_idle_interval`` (ignoring jitter)."""
-    growth = (2 ** min(idle_count, 62) - 1) * settings.backoff_delta
+    growth = _doublings(idle_count) * settings.backoff_delta
     return settings.min_idle_interval + growth >= settings.max_idle_interval
+
+
+def _doublings(count: int) -> float:
+    """``2**count - 1``, the back-off's growth after ``count`` empty polls (bounded: no overflow)."""
+    return 2.0 ** min(count, 62) - 1
 
 
 @dataclass(frozen=True)
@@ -122,27 +133,48 @@ def whitepaper_rule(load: Load, settings: ListenerSettings) -> int:
 SCALE_RULES: dict[str, ScaleRule] = {"drain": drain_rule, "whitepaper": whitepaper_rule}
 
 
-@dataclass(frozen=True)
-class ListenerState:
+@dataclass(kw_only=True)
+class ListenerStats:
+    """What a listener counts, in one place: its tasks, messages and measurements."""
+
+    queue_depth: int = 0  # the last known depth (from a depth read or a trigger)
+    peak_tasks: int = 0
+    processed: int = 0
+    poisoned: int = 0
+    failed_batches: int = 0
+    task_errors: int = 0
+    idle_polls: int = 0
+    service_time: float | None = None  # seconds per message, a moving average
+    last_receive_at: float | None = None  # wall clock of the last receive that got messages
+
+    def observe(self, seconds_per_message: float) -> None:
+        """Fold one handled batch's seconds per message into :attr:`service_time`."""
+        previous = self.service_time
+        self.service_time = (
+            seconds_per_message
+            if previous is None
+            else (previous + SERVICE_TIME_WEIGHT * (seconds_per_message - previous))
+        )
+
+
+@dataclass(kw_only=True)
+class ListenerState(ListenerStats):
+    """A snapshot of a listener: its stats, with its queue, running tasks and requests made."""
+
     queue: str
-    queue_depth: int
     active_tasks: int
-    peak_tasks: int
-    processed: int
-    poisoned: int
-    failed_batches: int
-    task_errors: int
-    idle_polls: int
     requests: int
-    service_time: float | None
-    last_receive_at: float | None
 
     def to_dict(self) -> dict[str, object]:
-        return asdict(self)
+        return {"queue": self.queue, **asdict(self)}
 
 
 class QueueListener:
-    """Receives batches from one queue and hands them to a handler; see the module docstring."""
+    """Receives batches from one queue and hands them to a handler; see the module docstring.
+
+    :meth:`run` until :meth:`stop` (graceful: in-flight batches finish) or, in burst mode, until the
+    queue is drained; what a cancellation leaves unfinished is handed back when run ends.
+    """
 
     def __init__(
         self,
@@ -162,22 +194,15 @@ class QueueListener:
         self._scale_rule = scale_rule
         self._counter = counter
         self._burst = burst
+        self._leases = Leases(queue, visibility_timeout=settings.visibility_timeout)
+        self._stats = ListenerStats()
         self._stopping = asyncio.Event()
-        self._changed = asyncio.Event()
+        self._changed = asyncio.Event()  # a task started or ended, or stop() was called
         self._wakeup = asyncio.Event()  # set (and replaced) by each trigger: cuts idle sleeps short
         self._wakes = 0  # triggers so far: one that comes while a poll is under way is not lost
-        self._tasks: set[asyncio.Task[None]] = set()
-        self._in_flight: dict[str, QueueMessage] = {}
-        self._lease_lock = asyncio.Lock()
-        self._depth = 0
-        self._peak = 0
-        self._processed = 0
-        self._poisoned = 0
-        self._failed_batches = 0
-        self._task_errors = 0
-        self._idle_polls = 0
-        self._service_time: float | None = None
-        self._last_receive_at: float | None = None
+        self._tasks: set[asyncio.Task[None]] = set()  # the dequeue tasks; only _task_done removes one
+        self._leaving: set[asyncio.Task[None]] = set()  # those of them scaling down (ending now)
+        self._failure: ConfigurationError | None = None
 
     @property
     def name(self) -> str:
@@ -187,50 +212,33 @@ class QueueListener:
     def settings(self) -> ListenerSettings:
         return self._settings
 
+    @property
+    def stats(self) -> ListenerStats:
+        """The live counters (see :meth:`state` for a snapshot)."""
+        return self._stats
+
     def state(self) -> ListenerState:
-        """Counters and the last known queue depth (no request is made)."""
+        """The counters, the running tasks and the requests made so far (no request is made)."""
         requests = 0
         if self._counter is not None:
             requests = self._counter.by_resource[self.name] + self._counter.by_resource[poison_queue_name(self.name)]
-        return ListenerState(
-            queue=self.name,
-            queue_depth=self._depth,
-            active_tasks=len(self._tasks),
-            peak_tasks=self._peak,
-            processed=self._processed,
-            poisoned=self._poisoned,
-            failed_batches=self._failed_batches,
-            task_errors=self._task_errors,
-            idle_polls=self._idle_polls,
-            requests=requests,
-            service_time=self._service_time,
-            last_receive_at=self._last_receive_at,
-        )
+        return ListenerState(queue=self.name, active_tasks=self._active(), requests=requests, **asdict(self._stats))
 
     async def run(self) -> None:
-        """Run until :meth:`close` (or, in burst mode, until the queue is drained)."""
-        renewer = asyncio.create_task(self._renew_leases(), name=f"{self.name}-leases")
-        self._start_tasks(1)
-        try:
-            while True:
-                self._changed.clear()
-                if self._tasks:
-                    await self._changed.wait()
-                elif self._stopping.is_set() or self._burst:
-                    return
-                elif not self._settings.push:
-                    self._start_tasks(1)  # pull mode always keeps one poller
-                elif not await self._wait_changed(self._safety_delay()):
-                    self._start_tasks(1, probe=True)
-        finally:
-            for task in list(self._tasks):
-                task.cancel()
-            await asyncio.gather(*self._tasks, return_exceptions=True)
-            renewer.cancel()
-            await asyncio.gather(renewer, return_exceptions=True)
-            await self._hand_back()
+        """Run until :meth:`stop` (or, in burst mode, until the queue is drained); raises the
+        :class:`ConfigurationError` that stopped the listener, if one did."""
+        async with self._leases.renewing():
+            self._start_tasks(1)
+            try:
+                await self._supervise()
+            finally:
+                for task in list(self._tasks):
+                    task.cancel()
+                await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._failure is not None:
+            raise self._failure
 
-    def close(self) -> None:
+    def stop(self) -> None:
         """Stop receiving; batches in flight finish, then :meth:`run` returns."""
         self._stopping.set()
         self._changed.set()
@@ -245,48 +253,72 @@ class QueueListener:
         self._wakeup = asyncio.Event()
         self._scale_to(depth if depth is not None else self._settings.dequeue_batch_size)
 
+    # Scaling: how many dequeue tasks run.
+
+    async def _supervise(self) -> None:
+        """Keep the dequeue tasks going until stopped (burst: until the last one ends)."""
+        while True:
+            self._changed.clear()
+            if self._tasks:
+                await self._changed.wait()
+            elif self._stopping.is_set() or self._burst:
+                return
+            elif not self._settings.push:
+                self._start_tasks(1)  # pull mode always keeps one poller
+            elif not await self._wait_changed(self._safety_delay()):
+                self._start_tasks(1, probe=True)
+
     def _safety_delay(self) -> float:
         return self._settings.safety_poll_interval * random.uniform(0.8, 1.2)
 
-    async def _wait_changed(self, timeout: float) -> bool:
+    async def _wait_changed(self, seconds: float) -> bool:
         try:
-            await asyncio.wait_for(self._changed.wait(), timeout=timeout)
+            await asyncio.wait_for(self._changed.wait(), timeout=seconds)
         except TimeoutError:
             return False
         return True
+
+    def _active(self) -> int:
+        """Dequeue tasks that are not leaving."""
+        return len(self._tasks) - len(self._leaving)
 
     def _start_tasks(self, count: int, *, probe: bool = False) -> None:
         for _ in range(count):
             task = asyncio.create_task(self._dequeue_loop(probe=probe), name=f"{self.name}-dequeue")
             self._tasks.add(task)
             task.add_done_callback(self._task_done)
-        self._peak = max(self._peak, len(self._tasks))
+        self._stats.peak_tasks = max(self._stats.peak_tasks, self._active())
         self._changed.set()
 
     def _task_done(self, task: asyncio.Task[None]) -> None:
+        """The one place a dequeue task leaves the task set; its result is collected here."""
         self._tasks.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            self._task_errors += 1
-            log.error("dequeue task on %s ended with an error", self.name, exc_info=task.exception())
+        self._leaving.discard(task)
+        if not task.cancelled() and (error := task.exception()) is not None:
+            self._stats.task_errors += 1
+            log.error("dequeue task on %s ended with an error", self.name, exc_info=error)
         self._changed.set()
 
     def _scale_to(self, depth: int) -> None:
-        self._depth = depth
+        self._stats.queue_depth = depth
+        active = self._active()
         wanted = max(
-            1, min(self._settings.max_tasks, self._scale_rule(Load(depth, self._service_time), self._settings))
+            1, min(self._settings.max_tasks, self._scale_rule(Load(depth, self._stats.service_time), self._settings))
         )
-        if wanted > len(self._tasks):
-            log.debug(
-                "%s: %d messages waiting, scaling from %d to %d tasks", self.name, depth, len(self._tasks), wanted
-            )
-            self._start_tasks(wanted - len(self._tasks))
+        if wanted > active:
+            log.debug("%s: %d messages waiting, scaling from %d to %d tasks", self.name, depth, active, wanted)
+            self._start_tasks(wanted - active)
 
     def _leave(self) -> bool:
         """Scale down: the calling task leaves unless it is the last (in pull mode)."""
-        if len(self._tasks) > 1 or self._settings.push:
-            self._tasks.discard(asyncio.current_task())  # type: ignore[arg-type]
+        if self._active() > 1 or self._settings.push:
+            task = asyncio.current_task()
+            assert task is not None and task in self._tasks
+            self._leaving.add(task)
             return True
         return False
+
+    # Receiving: the loop of each dequeue task.
 
     async def _dequeue_loop(self, *, probe: bool) -> None:
         """Receive and process until stopped or scaled down; a probe leaves after one empty poll."""
@@ -312,7 +344,7 @@ class QueueListener:
                     if pending is not None:
                         await pending
                         pending = None
-                    self._idle_polls += 1
+                    self._stats.idle_polls += 1
                     if self._wakes != wakes and not self._burst:
                         continue  # a trigger came after this poll was sent: poll again at once
                     idle += 1
@@ -344,9 +376,8 @@ class QueueListener:
         async for page in pages:
             messages = [message async for message in page]
             if messages:
-                self._last_receive_at = time.time()
-                async with self._lease_lock:
-                    self._in_flight.update((m.id, m) for m in messages)
+                self._stats.last_receive_at = time.time()
+                await self._leases.hold(messages)
             return messages
         return []
 
@@ -357,6 +388,8 @@ class QueueListener:
             log.warning("could not read the depth of %s: %s", self.name, exc)
             return
         self._scale_to(properties.approximate_message_count or 0)
+
+    # Acknowledgement and poison: what happens to a received batch.
 
     async def _process(self, messages: list[QueueMessage], received: Tally) -> None:
         """Poison the worn-out, hand the rest to the handler, then acknowledge them; every request
@@ -374,105 +407,57 @@ class QueueListener:
                         batch.append(message)
                 if batch:
                     await self._handle(batch, received)
+        except ConfigurationError as exc:
+            self._fail(exc)
+            await self._leases.hand_back(messages)  # not their fault: none is poisoned or lost
+            return
         except Exception:
-            self._failed_batches += 1
+            self._stats.failed_batches += 1
             log.exception("could not finish %d messages from %s; they will be redelivered", len(messages), self.name)
         # Done with them (a cancellation skips this: run() hands them back).
-        async with self._lease_lock:
-            for message in messages:
-                self._in_flight.pop(message.id, None)
+        await self._leases.release(messages)
 
     async def _handle(self, batch: list[QueueMessage], received: Tally) -> None:
         if self._settings.delete_on_receive:
-            await asyncio.gather(*(self._delete(m) for m in batch))
+            await asyncio.gather(*(self._leases.delete(m) for m in batch))
         else:
             received.charge_ahead("queue.delete", len(batch))  # the deletes after the handler: its messages carry them
         started = time.monotonic()
         try:
             poisoned = await self._handler(batch) or {}
+        except ConfigurationError:
+            raise
         except Exception as exc:
-            self._failed_batches += 1
+            self._stats.failed_batches += 1
             log.warning(
                 "handler failed on %d messages from %s (%s); they will be redelivered",
                 len(batch),
                 self.name,
                 exc,
-                exc_info=not isinstance(exc, InfrastructureError),  # an outage needs no traceback
+                exc_info=not is_transient(exc),  # an outage needs no traceback
             )
             await self._sleep(backoff.PAUSE_MIN)
             return
-        self._observe((time.monotonic() - started) / len(batch))
+        self._stats.observe((time.monotonic() - started) / len(batch))
         # Acknowledge late: the handler returned, so what these messages produced is durable.
         for message in batch:
             if message.id in poisoned:
                 await self._to_poison(message, poisoned[message.id])
         if not self._settings.delete_on_receive:
-            await asyncio.gather(*(self._delete(m) for m in batch if m.id not in poisoned))
-        self._processed += len(batch)
-
-    def _observe(self, seconds_per_message: float) -> None:
-        previous = self._service_time
-        self._service_time = (
-            seconds_per_message
-            if previous is None
-            else (previous + SERVICE_TIME_WEIGHT * (seconds_per_message - previous))
-        )
+            await asyncio.gather(*(self._leases.delete(m) for m in batch if m.id not in poisoned))
+        self._stats.processed += len(batch)
 
     async def _to_poison(self, message: QueueMessage, reason: str) -> None:
         await self._poison.put(self.name, message, reason)
-        await self._delete(message)
-        self._poisoned += 1
+        await self._leases.delete(message)
+        self._stats.poisoned += 1
 
-    async def _delete(self, message: QueueMessage) -> None:
-        try:
-            try:
-                await self._queue.delete_message(message)
-            except HttpResponseError as exc:
-                if exc.error_code != "PopReceiptMismatch":
-                    raise
-                async with self._lease_lock:  # a renewal was under way: use its new receipt
-                    await self._queue.delete_message(message)
-        except ResourceNotFoundError:
-            # The lease was lost (the message reappeared and was taken again): its new holder
-            # finishes it, and the downstream idempotency absorbs the repeat.
-            log.warning("message %s on %s was already gone when deleted", message.id, self.name)
-
-    async def _hand_back(self) -> None:
-        """Make messages whose handling was cancelled (a shutdown past its deadline) visible again
-        at once rather than after their visibility timeout; best effort, within a few seconds."""
-        messages = list(self._in_flight.values())
-        self._in_flight.clear()
-        if not messages:
-            return
-        released = asyncio.gather(
-            *(self._queue.update_message(m, visibility_timeout=0) for m in messages), return_exceptions=True
-        )
-        try:
-            outcomes = await asyncio.wait_for(released, timeout=HAND_BACK_SECONDS)
-        except TimeoutError:
-            outcomes = [TimeoutError()] * len(messages)
-        failed = sum(isinstance(outcome, BaseException) for outcome in outcomes)
-        log.info(
-            "handed back %d messages on %s (%d already gone or unreachable)", len(messages) - failed, self.name, failed
-        )
-
-    async def _renew_leases(self) -> None:
-        """Keep received messages invisible while they wait for or go through the handler."""
-        timeout = self._settings.visibility_timeout
-        while True:
-            await asyncio.sleep(max(0.5, timeout / 4))
-            horizon = datetime.now(UTC) + timedelta(seconds=timeout / 2)
-            async with self._lease_lock:
-                for message in list(self._in_flight.values()):
-                    if message.next_visible_on and message.next_visible_on > horizon:
-                        continue
-                    try:
-                        renewed = await self._queue.update_message(message, visibility_timeout=timeout)
-                    except Exception as exc:
-                        log.warning("could not renew the lease of %s on %s: %s", message.id, self.name, exc)
-                        continue
-                    message.pop_receipt = renewed.pop_receipt
-                    message.next_visible_on = renewed.next_visible_on
+    def _fail(self, exc: ConfigurationError) -> None:
+        """Retrying cannot help: stop the listener; :meth:`run` raises ``exc`` once it has stopped."""
+        if self._failure is None:
+            self._failure = exc
+            log.warning("%s stops: its handler met a configuration error; the batch goes back to the queue", self.name)
+        self.stop()
 
     async def _sleep(self, seconds: float, *, wakeup: asyncio.Event | None = None) -> None:
         """Sleep, ending early when the listener stops (or ``wakeup`` is set)."""
@@ -485,7 +470,7 @@ class QueueListener:
                 waiter.cancel()
 
 
-def listener_settings(settings: Settings, *, push: bool, queues: int = 1, **overrides: object) -> ListenerSettings:
+def listener_settings(settings: Settings, *, push: bool, queues: int = 1, **overrides: Any) -> ListenerSettings:
     """Listener settings for one of ``queues`` listeners of an instance: in push mode they share
     the instance's one safety poll per ``safety_poll_interval``, each polling 1/``queues`` as often."""
     base = ListenerSettings.from_settings(settings, **overrides)

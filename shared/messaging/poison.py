@@ -1,27 +1,25 @@
 """The poison queue beside each queue: messages that can never be processed, with the reason.
 
-Roles put messages there (:meth:`PoisonQueue.put`, which also tells the controller which work items
-will never be recorded, so their batch ends instead of hanging); operators inspect, replay and purge
-them (``billing poison``).
+Roles put messages there (:meth:`PoisonQueue.put`, which then calls its ``on_poisoned`` callback so
+the role can tell whoever waits for the message, e.g. the controller, that it will never come);
+operators inspect, replay and purge them (``billing poison``).
 """
 
 from __future__ import annotations
 
 import logging
-import uuid
-from collections.abc import Collection
+from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from azure.storage.queue import QueueMessage
 
 from ..errors import PoisonMessage
-from ..protocol import PoisonNotice, poisoned_envelope, work_items_named
 from ..settings import poison_queue_name
 from .envelope import ClaimCheck, Envelope, peek_headers
 from .storage import Storage
 
-__all__ = ["PoisonEntry", "PoisonQueue", "poison_queue_name"]
+__all__ = ["OnPoisoned", "PoisonEntry", "PoisonQueue", "poison_queue_name"]
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +28,8 @@ POISON = "poison"
 OPERATOR_LEASE_SECONDS = 120
 
 Action = Literal["show", "replay", "purge"]
+#: Called once a message is in the poison queue: its kind and headers (peeked, payload unread) and the reason.
+OnPoisoned = Callable[[str, dict[str, Any], str], Awaitable[None]]
 
 
 @dataclass(frozen=True)
@@ -48,14 +48,14 @@ class PoisonEntry:
 class PoisonQueue:
     """Moves messages to ``<queue>-poison`` with their reason, original content and headers.
 
-    With ``notify`` (the results queue), every work item a poisoned message names, read from its
-    headers alone, is reported there as a :class:`PoisonNotice` for the controller.
+    With ``on_poisoned``, each poisoned message whose kind and headers can be read is reported to it
+    (a role tells the controller which work items will never be recorded, so their batch ends).
     """
 
-    def __init__(self, storage: Storage, claim_check: ClaimCheck, *, notify: str | None = None) -> None:
+    def __init__(self, storage: Storage, claim_check: ClaimCheck, *, on_poisoned: OnPoisoned | None = None) -> None:
         self._storage = storage
         self._claim_check = claim_check
-        self._notify = notify
+        self._on_poisoned = on_poisoned
 
     async def put(self, queue: str, message: QueueMessage, reason: str) -> None:
         """Store ``message`` from ``queue`` in the poison queue and report it (the caller then deletes it)."""
@@ -69,17 +69,14 @@ class PoisonQueue:
         envelope = Envelope(POISON, headers, str(message.content).encode())
         await self._claim_check.send(poison_queue_name(queue), envelope, blob_name=f"{POISON}/{queue}/{message.id}")
         log.warning("message %s from %s moved to the poison queue: %s", message.id, queue, reason)
-        if self._notify is not None:
-            await self._tell_controller(self._notify, str(message.content), reason)
-
-    async def _tell_controller(self, results_queue: str, content: str, reason: str) -> None:
-        peeked = peek_headers(content)
-        items = work_items_named(*peeked) if peeked else []
-        if not items:
-            log.warning("the poisoned message names no work item; no batch is told")
-        for batch_id, work_item_id in items:
-            envelope = poisoned_envelope(PoisonNotice(batch_id, work_item_id, reason))
-            await self._claim_check.send(results_queue, envelope, blob_name=f"{POISON}/notices/{uuid.uuid4().hex}")
+        if self._on_poisoned is None:
+            return
+        peeked = peek_headers(str(message.content))
+        if peeked is None:
+            log.warning("the poisoned message %s has no readable headers; nobody is told", message.id)
+            return
+        kind, peeked_headers = peeked
+        await self._on_poisoned(kind, peeked_headers, reason)
 
     async def count(self, queue: str) -> int:
         """About how many messages wait in the poison queue of ``queue``."""

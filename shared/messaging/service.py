@@ -14,6 +14,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from ..errors import ConfigurationError
 from ..settings import Settings
 from .listener import SCALE_RULES, Handler, QueueListener, listener_settings
 from .poison import PoisonQueue
@@ -99,7 +100,7 @@ class Service:
         chores = [asyncio.create_task(_repeating(interval, chore)) for interval, chore in self._chores]
         tasks = [*listeners, *chores, *([asyncio.create_task(self._keep_state(state_file))] if state_file else [])]
         try:
-            await asyncio.gather(*listeners)
+            await self._until_stopped(listeners)
         finally:
             for task in tasks:
                 task.cancel()
@@ -109,6 +110,22 @@ class Service:
             await self.aclose()
             if state_file is not None:
                 self._write_state(state_file)
+
+    async def _until_stopped(self, listeners: list[asyncio.Task[None]]) -> None:
+        """Wait for every listener to end. When one fails (a :class:`~shared.errors.ConfigurationError`),
+        the others stop too, their in-flight work finishing within the shutdown deadline, and its
+        error is raised."""
+        done, pending = await asyncio.wait(listeners, return_when=asyncio.FIRST_EXCEPTION)
+        errors = [error for task in done if not task.cancelled() and (error := task.exception()) is not None]
+        if not errors:
+            return
+        error = errors[0]
+        what = "configuration problem" if isinstance(error, ConfigurationError) else "a listener failed"
+        log.error("%s: %s; the %s stops", what, error, self.name)
+        self.stop()
+        if pending:
+            await asyncio.wait(pending, timeout=self.settings.shutdown_deadline)
+        raise error
 
     async def _keep_state(self, state_file: Path) -> None:
         while True:
@@ -121,13 +138,13 @@ class Service:
         partial.write_text(json.dumps(self.state(), indent=2))
         partial.replace(state_file)  # readers never see half a file
 
-    def close(self) -> None:
-        """Stop receiving; in-flight batches finish and :meth:`run` returns."""
+    def stop(self) -> None:
+        """Stop receiving (graceful): in-flight batches finish and :meth:`run` returns."""
         for listener in self.listeners:
-            listener.close()
+            listener.stop()
 
     async def aclose(self) -> None:
-        """Release what the role holds besides storage (pools, SQL); called when run ends."""
+        """Release what the role holds besides storage (pools, SQL); :meth:`run` calls it as it ends."""
 
     def state(self) -> dict[str, object]:
         return {
@@ -185,7 +202,7 @@ async def serve(build: Callable[[], Awaitable[Service]], *, state_file: Path | N
             os._exit(128 + signum)
         deadline = service.settings.shutdown_deadline
         log.info("%s: finishing in-flight work (at most %.0f s), then stopping", signal.Signals(signum).name, deadline)
-        service.close()
+        service.stop()
         loop.call_later(deadline, _past_deadline, running)
 
     for signum in (signal.SIGINT, signal.SIGTERM):

@@ -3,6 +3,7 @@ retry policy, and a request counter that sees each HTTP request the SDK puts on 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import ipaddress
 from collections import Counter
@@ -23,7 +24,7 @@ from . import tally
 from .failover import Failover
 
 
-def classify(service: str, method: str, url: str) -> str:
+def request_kind(service: str, method: str, url: str) -> str:
     """Name the kind of one storage request, e.g. ``queue.send`` or ``blob.get``."""
     parts = urlsplit(url)
     query = parts.query
@@ -99,7 +100,7 @@ class _CountingPolicy(SansIOHTTPPolicy):  # type: ignore[type-arg]
 
     def on_request(self, request: PipelineRequest) -> None:  # type: ignore[type-arg]
         http = request.http_request
-        self._counter.add(classify(self._service, http.method, http.url), resource(http.url))
+        self._counter.add(request_kind(self._service, http.method, http.url), resource(http.url))
 
 
 class Storage:
@@ -155,7 +156,7 @@ class Storage:
         return {
             "_additional_pipeline_policies": [self.counter.policy(service)],
             "retry_policy": ExponentialRetry(
-                initial_backoff=s.retry_backoff,
+                initial_backoff=s.retry_backoff,  # type: ignore[arg-type]  # seconds; the SDK adds it to floats
                 increment_base=2,
                 retry_total=s.retry_total,
                 random_jitter_range=max(1, int(s.retry_backoff * 2)),
@@ -186,15 +187,11 @@ class Storage:
     async def ensure(self, *, queues: Iterable[str] = (), containers: Iterable[str] = ()) -> None:
         """Create queues and containers that do not exist yet."""
         for name in queues:
-            try:
+            with contextlib.suppress(ResourceExistsError):
                 await self.queue(name).create_queue()
-            except ResourceExistsError:
-                pass
         for name in containers:
-            try:
+            with contextlib.suppress(ResourceExistsError):
                 await self.container(name).create_container()
-            except ResourceExistsError:
-                pass
 
     async def ensure_all(self) -> None:
         """Create every queue and container the pipeline uses (and the secondary's backlog queues)."""
@@ -233,8 +230,10 @@ class Storage:
     async def close(self) -> None:
         if self.secondary is not None:
             await self.secondary.close()
-        for client in [*self._queues.values(), *self._containers.values()]:
-            await client.close()
+        for queue in self._queues.values():
+            await queue.close()
+        for container in self._containers.values():
+            await container.close()
         await self.queue_service.close()
         await self.blob_service.close()
         if self._credential is not None:

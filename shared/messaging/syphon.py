@@ -9,13 +9,14 @@ fails leaves the message in the backlog for the next attempt (a repeat is absorb
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 from azure.core.exceptions import ResourceNotFoundError
 from azure.storage.queue import QueueMessage
 
-from ..errors import ConfigurationError, InfrastructureError
+from ..errors import ConfigurationError, InfrastructureError, is_transient
 from .envelope import ClaimCheck
-from .failover import classify, parse_backlog_message
+from .failover import parse_backlog_message
 from .poison import PoisonQueue
 from .service import Service
 from .storage import Storage
@@ -38,7 +39,7 @@ class Syphon:
             try:
                 await self._storage.queue(destination).send_message(text)
             except Exception as exc:
-                if classify(exc) == "permanent":
+                if not is_transient(exc):
                     raise
                 raise InfrastructureError(f"primary storage unavailable; backlog kept ({exc})") from exc
         return poisoned
@@ -80,6 +81,6 @@ class SyphonService(Service):
 
     name = "syphon"
 
-    def __init__(self, **options: object) -> None:
-        super().__init__(**options)  # type: ignore[arg-type]
+    def __init__(self, **options: Any) -> None:
+        super().__init__(**options)
         add_syphon(self)

@@ -194,7 +194,7 @@ async def test_pull_mode_scales_up_on_detected_work_and_down_to_one(storage: Sto
     idle = listener.state().idle_polls
     await asyncio.sleep(1.0)
     assert listener.state().active_tasks == 1 and listener.state().idle_polls > idle  # still polling
-    listener.close()
+    listener.stop()
     await runner
     assert sorted(seen) == sorted(f"m{i}" for i in range(300))
 
@@ -221,7 +221,7 @@ async def test_push_mode_scales_to_zero_and_up_on_a_trigger(storage: Storage, se
     assert listener.state().active_tasks == 3  # started at once by the rule, no poll needed
     await _until(lambda: len(seen) == 200)
     await _until(lambda: listener.state().active_tasks == 0)
-    listener.close()
+    listener.stop()
     await runner
     assert listener.state().processed == 200
 
@@ -235,7 +235,7 @@ async def test_push_mode_safety_poll_finds_work_without_a_trigger(storage: Stora
     await _until(lambda: listener.state().active_tasks == 0)
     await _send(storage, settings_env, 5)  # no trigger: a lost hint
     await _until(lambda: len(seen) == 5, timeout=10)
-    listener.close()
+    listener.stop()
     await runner
 
 
@@ -253,7 +253,7 @@ async def test_graceful_stop_finishes_in_flight_work_once(storage: Storage, sett
     listener = _listener(storage, settings_env, slow, burst=False, max_tasks=2, **FAST_IDLE)
     runner = asyncio.create_task(listener.run())
     await started.wait()
-    listener.close()
+    listener.stop()
     await asyncio.wait_for(runner, timeout=10)
     assert 0 < len(seen) < 100  # what was in flight finished; nothing new was taken
     first = list(seen)
@@ -301,7 +301,7 @@ async def test_receive_errors_are_reported_and_the_task_goes_on(storage: Storage
         await _send(storage, settings_env, 3)
         runner = asyncio.create_task(listener.run())
         await _until(lambda: len(seen) == 3, timeout=20)
-        listener.close()
+        listener.stop()
         await runner
     finally:
         del queue.receive_messages
@@ -319,7 +319,7 @@ async def test_a_trigger_cuts_an_idle_sleep_short(storage: Storage, settings_env
     await _send(storage, settings_env, 3)
     listener.wake(3)
     await _until(lambda: len(seen) == 3)
-    listener.close()
+    listener.stop()
     await runner
 
 
@@ -345,7 +345,7 @@ async def test_a_trigger_during_an_empty_poll_is_not_lost(storage: Storage, sett
     listener.wake(2)  # the trigger arrives while the empty answer is on its way
     answer.set()
     await _until(lambda: len(seen) == 2)  # not ten minutes later
-    listener.close()
+    listener.stop()
     await runner
 
 
@@ -361,7 +361,7 @@ async def test_cancelled_handling_hands_messages_back_at_once(storage: Storage, 
     listener = _listener(storage, settings_env, stuck, burst=False, visibility_timeout=600)
     runner = asyncio.create_task(listener.run())
     await asyncio.wait_for(handling.wait(), timeout=15)
-    listener.close()
+    listener.stop()
     runner.cancel()  # what a shutdown past its deadline does
     with contextlib.suppress(asyncio.CancelledError):
         await runner

@@ -16,7 +16,7 @@ from billing import client
 from billing.demo import role_processes
 from billing.stack import AzuriteStack
 from controller.store import Store
-from shared.messaging.storage import classify
+from shared.messaging.storage import request_kind
 from shared.rules.sample import generate
 from shared.settings import Settings
 from support.exact import billing
@@ -29,7 +29,7 @@ def azurite_saw(debug_log: Path) -> Counter[str]:
     """Requests by kind, as Azurite logged them."""
     seen: Counter[str] = Counter()
     for service, method, url in REQUEST.findall(debug_log.read_text(errors="replace")):
-        seen[classify(service.lower(), method, url)] += 1
+        seen[request_kind(service.lower(), method, url)] += 1
     return seen
 
 

@@ -24,7 +24,7 @@ from collections.abc import Iterable
 
 from azure.core.exceptions import AzureError, ResourceExistsError, ResourceNotFoundError
 
-from ...errors import InfrastructureError
+from ...errors import BillingError, ConfigurationError, InfrastructureError, is_transient
 from ..processes import pid_alive
 from ..storage import Storage
 from .base import TriggerBus, TriggerEvent, TriggerHandler
@@ -33,6 +33,13 @@ _LOGGER = logging.getLogger(__name__)
 
 _PREFIX = "subscribers/"
 _STALE_PERIODS = 3
+
+
+def _storage_failed(what: str, exc: AzureError) -> BillingError:
+    """The pipeline's error for a failed storage request: transient or not, by the one rule."""
+    if is_transient(exc):
+        return InfrastructureError(f"{what}: {exc}")
+    return ConfigurationError(f"{what}: storage refused the request: {exc}")
 
 
 class _Receiver(asyncio.DatagramProtocol):
@@ -111,7 +118,8 @@ class LocalTriggerBus(TriggerBus):
     async def start(self) -> None:
         """Create the container if missing; with handlers, bind the socket and register.
 
-        Raises :class:`InfrastructureError` when storage cannot be reached (start may be retried).
+        Raises :class:`InfrastructureError` when storage cannot be reached (start may be retried),
+        :class:`ConfigurationError` when it refuses the request.
         """
         if self._started:
             return
@@ -120,7 +128,7 @@ class LocalTriggerBus(TriggerBus):
         except ResourceExistsError:
             pass
         except AzureError as exc:
-            raise InfrastructureError(f"cannot create trigger container: {exc}") from exc
+            raise _storage_failed("cannot create trigger container", exc) from exc
         if self._handlers:
             await self._begin_receiving()
         self._started = True
@@ -143,7 +151,7 @@ class LocalTriggerBus(TriggerBus):
         except AzureError as exc:
             self._recv_transport.close()
             self._recv_transport, self._receiving = None, False
-            raise InfrastructureError(f"cannot register trigger subscriber: {exc}") from exc
+            raise _storage_failed("cannot register trigger subscriber", exc) from exc
         if self._refresh is not None:
             self._spawn(self._refresh_loop(), f"local-trigger-refresh-{self.instance_id}")
 

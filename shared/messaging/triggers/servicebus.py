@@ -4,8 +4,9 @@ Publishing sends to the topic; subscribing runs one blocking PEEK_LOCK receive l
 ``<topic>/Subscriptions/<subscription>`` (no polling), completing each message after its
 handlers ran. The SDK's own retry policy handles short faults; on top of it, ``ServerBusy``
 pauses sends and receives for ``server_busy_pause`` seconds (10 s, as Service Bus asks), and the
-receive loop reconnects with jittered exponential back-off when the connection is lost, e.g. while
-the broker restarts.
+receive loop reconnects with jittered exponential back-off after transient failures
+(:func:`~shared.errors.is_transient`), e.g. while the broker restarts. Permanent ones (credentials
+or rights refused) raise :class:`~shared.errors.ConfigurationError`.
 """
 
 from __future__ import annotations
@@ -21,19 +22,17 @@ from collections.abc import Iterable
 from datetime import timedelta
 from typing import Any
 
-from azure.core.exceptions import AzureError, ClientAuthenticationError, ResourceExistsError, ResourceNotFoundError
+from azure.core.exceptions import AzureError, ResourceExistsError, ResourceNotFoundError
 from azure.servicebus import ServiceBusMessage, ServiceBusReceiveMode
 from azure.servicebus.aio import ServiceBusClient, ServiceBusReceiver, ServiceBusSender
 from azure.servicebus.aio.management import ServiceBusAdministrationClient
 from azure.servicebus.exceptions import (
     MessagingEntityNotFoundError,
-    ServiceBusAuthenticationError,
-    ServiceBusAuthorizationError,
     ServiceBusConnectionError,
     ServiceBusServerBusyError,
 )
 
-from ...errors import ConfigurationError
+from ...errors import ConfigurationError, is_transient
 from ..storage import RequestCounter
 from .base import TriggerBus, TriggerEvent, TriggerHandler
 
@@ -44,7 +43,6 @@ _MESSAGE_TTL = timedelta(minutes=5)  # a hint older than this is worth nothing
 # meanwhile); an idle receiver only renews its link credit this often. One message per call:
 # asking for more makes the SDK linger 0.2 s after the first, for the rest of a batch.
 _RECEIVE_WAIT = 60.0
-_PERMANENT = (ServiceBusAuthenticationError, ServiceBusAuthorizationError, ClientAuthenticationError)
 
 
 def default_subscription_name() -> str:
@@ -91,7 +89,7 @@ class ServiceBusTriggerBus(TriggerBus):
         self._create_subscription = create_subscription
         self._auto_delete_on_idle = auto_delete_on_idle
         self._busy_pause = server_busy_pause
-        self._retry = {
+        self._retry: dict[str, Any] = {
             "retry_total": retry_total,
             "retry_backoff_factor": retry_backoff_factor,
             "retry_backoff_max": retry_backoff_max,
@@ -170,7 +168,7 @@ class ServiceBusTriggerBus(TriggerBus):
         )
 
     async def _receive_loop(self) -> None:
-        """Receive until cancelled, reconnecting after failures; only permanent errors end it."""
+        """Receive until cancelled, reconnecting after transient failures; permanent ones end it."""
         assert self._client is not None
         delay = self._reconnect_initial
         while True:
@@ -191,8 +189,6 @@ class ServiceBusTriggerBus(TriggerBus):
                         for message in await receiver.receive_messages(1, max_wait_time=_RECEIVE_WAIT):
                             self._handle(message)
                             await self._complete(receiver, message)
-            except _PERMANENT as exc:
-                raise ConfigurationError(f"Service Bus refused {self.where}: {exc}") from exc
             except MessagingEntityNotFoundError as exc:
                 if not self._create_subscription:
                     raise ConfigurationError(f"no Service Bus subscription {self.where}: {exc}") from exc
@@ -202,6 +198,8 @@ class ServiceBusTriggerBus(TriggerBus):
                 self._server_busy(exc, self.where)
                 continue
             except (AzureError, OSError) as exc:
+                if not is_transient(exc):
+                    raise ConfigurationError(f"Service Bus refused {self.where}: {exc}") from exc
                 _LOGGER.warning("trigger receive on %s failed (%s); reconnecting in %.1f s", self.where, exc, delay)
             await asyncio.sleep(delay * random.uniform(0.8, 1.2))
             delay = min(delay * 2, self._reconnect_max)
@@ -273,12 +271,13 @@ class ServiceBusTriggerBus(TriggerBus):
                     self._sender = self._client.get_topic_sender(self.topic)
                 self._counter.add("servicebus.send", self.topic)
                 await self._sender.send_messages(messages)
-            except _PERMANENT as exc:
-                raise ConfigurationError(f"Service Bus refused sends to {self.topic!r}: {exc}") from exc
             except ServiceBusServerBusyError as exc:
                 self._server_busy(exc, self.topic)
-            except (ServiceBusConnectionError, OSError):
-                await self._close_sender()
+            except (AzureError, OSError) as exc:
+                if not is_transient(exc):
+                    raise ConfigurationError(f"Service Bus refused sends to {self.topic!r}: {exc}") from exc
+                if isinstance(exc, (ServiceBusConnectionError, OSError)):
+                    await self._close_sender()
                 raise
 
     async def _close_sender(self) -> None:

@@ -1,0 +1,181 @@
+"""The one rule for transient errors, and a configuration error met by a handler against Azurite:
+the listener stops and hands the message back (neither poisoned nor lost), and the role's run ends
+with the error."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+
+import pytest
+from azure.core.exceptions import (
+    ClientAuthenticationError,
+    HttpResponseError,
+    ResourceNotFoundError,
+    ServiceRequestError,
+    ServiceResponseError,
+)
+from azure.servicebus.exceptions import (
+    MessagingEntityNotFoundError,
+    ServiceBusAuthenticationError,
+    ServiceBusAuthorizationError,
+    ServiceBusConnectionError,
+    ServiceBusServerBusyError,
+)
+from azure.storage.queue import QueueMessage
+
+from shared.errors import (
+    ConfigurationError,
+    FileRefused,
+    InfrastructureError,
+    PoisonMessage,
+    is_transient,
+)
+from shared.messaging.backoff import patiently
+from shared.messaging.envelope import ClaimCheck
+from shared.messaging.listener import ListenerSettings, QueueListener
+from shared.messaging.poison import PoisonQueue, poison_queue_name
+from shared.messaging.service import Service
+from shared.messaging.storage import Storage
+from shared.settings import Settings
+
+REFUSED = "BILLING_REFERENCE_CONTAINER names a container this account may not read"
+
+
+def _http(status: int) -> HttpResponseError:
+    error = HttpResponseError(message=f"status {status}")
+    error.status_code = status
+    return error
+
+
+@pytest.mark.parametrize(
+    ("exc", "transient"),
+    [
+        (InfrastructureError("SQL store unavailable"), True),
+        (ServiceRequestError("connection refused"), True),
+        (ServiceResponseError("connection reset"), True),
+        (ConnectionResetError(), True),
+        (TimeoutError(), True),
+        (_http(500), True),
+        (_http(503), True),
+        (_http(408), True),
+        (_http(429), True),
+        (ServiceBusConnectionError(message="link detached"), True),
+        (ServiceBusServerBusyError(message="busy"), True),
+        (MessagingEntityNotFoundError(message="no subscription"), True),  # the receive loop re-creates it
+        (_http(400), False),
+        (_http(403), False),
+        (ResourceNotFoundError("gone"), False),
+        (ClientAuthenticationError("bad key"), False),
+        (ServiceBusAuthenticationError(message="bad key"), False),
+        (ServiceBusAuthorizationError(message="no rights"), False),
+        (ConfigurationError("no storage account"), False),
+        (PoisonMessage("bad_envelope"), False),
+        (FileRefused("not a CSV"), False),
+        (ValueError("a bug"), False),
+    ],
+    ids=lambda value: type(value).__name__ if isinstance(value, BaseException) else str(value),
+)
+def test_is_transient_is_the_one_rule(exc: BaseException, transient: bool) -> None:
+    assert is_transient(exc) is transient
+
+
+async def test_patiently_retries_only_transient_errors(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("shared.messaging.backoff.pause", lambda failures: 0.0)
+    attempts = 0
+
+    async def flaky() -> str:
+        nonlocal attempts
+        attempts += 1
+        if attempts < 3:
+            raise _http(503)
+        return "done"
+
+    assert await patiently("storage", flaky) == "done" and attempts == 3
+
+    async def refused() -> str:
+        raise ConfigurationError(REFUSED)
+
+    with pytest.raises(ConfigurationError):
+        await patiently("storage", refused)
+
+
+def _listener(storage: Storage, settings: Settings, queue: str, handler, **overrides) -> QueueListener:  # type: ignore[no-untyped-def]
+    claim_check = ClaimCheck(storage, container=settings.work_container, limit=settings.max_message_bytes)
+    return QueueListener(
+        queue=storage.queue(queue),
+        handler=handler,
+        poison=PoisonQueue(storage, claim_check),
+        settings=ListenerSettings.from_settings(settings, **overrides),
+        counter=storage.counter,
+        burst=False,
+    )
+
+
+async def _refuse(messages: list[QueueMessage]) -> Mapping[str, str]:
+    raise ConfigurationError(REFUSED)
+
+
+async def test_a_configuration_error_in_the_handler_stops_the_listener_and_hands_the_message_back(
+    storage: Storage, settings_env: Settings
+) -> None:
+    queue = storage.queue(settings_env.requests_queue)
+    await queue.send_message("needs the right settings")
+    # Not burst: only the error can end the run. A long lease: only a hand-back makes it visible soon.
+    listener = _listener(storage, settings_env, settings_env.requests_queue, _refuse, visibility_timeout=600)
+    with pytest.raises(ConfigurationError, match="may not read"):
+        await asyncio.wait_for(listener.run(), timeout=15)
+    again = [m async for m in queue.receive_messages(max_messages=32)]
+    assert [(m.content, m.dequeue_count) for m in again] == [("needs the right settings", 2)]
+    poison = storage.queue(poison_queue_name(settings_env.requests_queue))
+    assert await poison.peek_messages(max_messages=32) == []
+    state = listener.state()
+    assert (state.processed, state.poisoned, state.active_tasks) == (0, 0, 0)
+
+
+async def test_other_errors_in_the_handler_keep_the_listener_going(storage: Storage, settings_env: Settings) -> None:
+    queue = storage.queue(settings_env.requests_queue)
+    await queue.send_message("try again")
+    calls = 0
+
+    async def flaky(messages: list[QueueMessage]) -> Mapping[str, str]:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise InfrastructureError("SQL store unavailable")
+        return {}
+
+    listener = _listener(
+        storage, settings_env, settings_env.requests_queue, flaky, visibility_timeout=1, max_idle_interval=0.2
+    )
+    runner = asyncio.create_task(listener.run())
+    deadline = asyncio.get_running_loop().time() + 20
+    while listener.state().processed < 1:
+        assert asyncio.get_running_loop().time() < deadline, "not redelivered"
+        await asyncio.sleep(0.05)
+    listener.stop()
+    await runner  # ends without an error
+    assert (calls, listener.state().failed_batches) == (2, 1)
+
+
+async def test_a_role_whose_listener_meets_a_configuration_error_stops_every_listener(
+    storage: Storage, settings_env: Settings
+) -> None:
+    requests, results = settings_env.requests_queue, settings_env.results_queue
+    await storage.queue(requests).send_message("needs the right settings")
+    handled: list[str] = []
+
+    async def record(messages: list[QueueMessage]) -> Mapping[str, str]:
+        handled.extend(m.content for m in messages)
+        return {}
+
+    service = Service(storage=storage, settings=settings_env)
+    poison = PoisonQueue(
+        storage, ClaimCheck(storage, container=settings_env.work_container, limit=settings_env.max_message_bytes)
+    )
+    service.listen(requests, _refuse, poison=poison, visibility_timeout=600)
+    service.listen(results, record, poison=poison)  # a healthy listener: it stops too
+    with pytest.raises(ConfigurationError, match="may not read"):
+        await asyncio.wait_for(service.run(), timeout=30)
+    again = [m async for m in storage.queue(requests).receive_messages(max_messages=32)]
+    assert [m.content for m in again] == ["needs the right settings"]
