@@ -8,7 +8,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -24,19 +24,25 @@ from . import client, progress
 from .stack import resolve
 
 
+def start_role(role: str, env: Mapping[str, str], log: Path) -> subprocess.Popen[bytes]:
+    """Start ``python -m <role>`` with ``env``, its output appended to ``log``."""
+    with log.open("ab") as out:
+        return subprocess.Popen([sys.executable, "-m", role], env=env, stdout=out, stderr=out)
+
+
 @contextmanager
 def role_processes(
     settings: Settings, log_dir: Path, *, processors: int = 1
 ) -> Iterator[list[subprocess.Popen[bytes]]]:
     """Start initiator, ``processors`` processors and controller as separate processes with
-    ``settings``; stop them gracefully."""
+    ``settings``, each logging to ``log_dir/<role>-<number>.log``; stop them gracefully (those in
+    the yielded list when the block ends: a caller may replace one it restarted)."""
     env = {**os.environ, **settings.as_env()}
     log_dir.mkdir(parents=True, exist_ok=True)
     processes = []
     try:
         for number, role in enumerate(["initiator", *["processor"] * processors, "controller"]):
-            log = (log_dir / f"{role}-{number}.log").open("ab")
-            processes.append(subprocess.Popen([sys.executable, "-m", role], env=env, stdout=log, stderr=log))
+            processes.append(start_role(role, env, log_dir / f"{role}-{number}.log"))
         yield processes
     finally:
         for process in processes:

@@ -1,4 +1,6 @@
-"""Session-wide infrastructure for the tests: real Azurite, a real PostgreSQL server, fresh databases."""
+"""Fixtures for every test folder: real Azurite and a real PostgreSQL server once per session, a
+fresh database, per-test settings (queue prefix and containers of the test's own) and real role
+processes. The helpers behind them live in ``support/``."""
 
 from __future__ import annotations
 
@@ -11,20 +13,18 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from billing.stack import AzuriteStack
 from shared.messaging.storage import Storage
 from shared.settings import Settings
+from support.azurite import running_azurite
 from support.postgres import PostgresNotInstalled, PostgresServer
+from support.roles import Roles
 
 
 @pytest.fixture(scope="session")
 def azurite(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A persistent Azurite on free loopback ports for the whole session; yields its connection string."""
-    stack = AzuriteStack(home=tmp_path_factory.mktemp("azurite"), persist=True)
-    try:
-        yield stack.start()
-    finally:
-        stack.stop()
+    with running_azurite(tmp_path_factory.mktemp("azurite"), persist=True) as stack:
+        yield stack.connection_string() or ""
 
 
 @pytest.fixture(scope="session")
@@ -77,7 +77,8 @@ def sql_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
 @pytest.fixture
 def settings_env(azurite: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Settings]:
     """``BILLING_*`` set for one test (session Azurite, SQLite under ``tmp_path``, a queue prefix of its
-    own, containers of its own; any other ``BILLING_*`` from the caller's environment removed); yields the matching ``Settings``."""
+    own, containers of its own; any other ``BILLING_*`` from the caller's environment removed);
+    yields the matching ``Settings``."""
     for key in [k for k in os.environ if k.upper().startswith("BILLING_")]:
         monkeypatch.delenv(key)
     home = tmp_path / "home"
@@ -98,3 +99,14 @@ async def storage(settings_env: Settings) -> AsyncIterator[Storage]:
     async with Storage(settings_env) as storage:
         await storage.ensure_all()
         yield storage
+
+
+@pytest.fixture
+def roles(settings_env: Settings, tmp_path: Path) -> Iterator[Roles]:
+    """Real role processes for one test (``with roles.running(settings): ...``), logging under
+    ``tmp_path / "logs"``; whatever a failed test left running is killed afterwards."""
+    started = Roles(tmp_path / "logs")
+    try:
+        yield started
+    finally:
+        started.close()

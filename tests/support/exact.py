@@ -9,6 +9,7 @@ import json
 import subprocess
 import sys
 from collections import defaultdict
+from collections.abc import Iterable
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -57,18 +58,21 @@ def expected(rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dic
             invoice[money] += getattr(rated, money)
     names = ("account_id", "product", "billing_day", "currency")
     return (
-        sorted(({**dict(zip(names, k)), **v} for k, v in aggregates.items()), key=_key),
-        sorted(
-            ({"account_id": k[0], "billing_period": k[1], "currency": k[2], **v} for k, v in invoices.items()), key=_key
+        sorted_records({**dict(zip(names, k, strict=True)), **v} for k, v in aggregates.items()),
+        sorted_records(
+            {"account_id": k[0], "billing_period": k[1], "currency": k[2], **v} for k, v in invoices.items()
         ),
         rejects,
     )
 
 
-def _key(record: dict[str, Any]) -> tuple[str, ...]:
-    return tuple(
-        str(v) for k, v in record.items() if k in ("account_id", "product", "billing_day", "billing_period", "currency")
-    )
+KEY_FIELDS = ("account_id", "product", "billing_day", "billing_period", "currency")
+
+
+def sorted_records(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Aggregate or invoice records in one order, by their key fields (account, product, day or
+    period, currency): the order :func:`expected` returns, so a report compares with ``==``."""
+    return sorted(records, key=lambda record: tuple(str(v) for k, v in record.items() if k in KEY_FIELDS))
 
 
 def report(kind: str, batch_id: str) -> list[dict[str, Any]]:

@@ -13,13 +13,13 @@ from pathlib import Path
 from pydantic import SecretStr
 
 from billing import client
-from billing.demo import role_processes
-from billing.stack import AzuriteStack
 from controller.store import Store
 from shared.messaging.storage import request_kind
 from shared.rules.sample import generate
 from shared.settings import Settings
+from support.azurite import running_azurite
 from support.exact import billing
+from support.roles import Roles
 
 # One line per request Azurite received: which service middleware, the method and the URL.
 REQUEST = re.compile(r"(Queue|Blob)StorageContextMiddleware: RequestMethod=(\w+) RequestURL=(\S+)")
@@ -33,24 +33,23 @@ def azurite_saw(debug_log: Path) -> Counter[str]:
     return seen
 
 
-def test_counted_requests_equal_what_azurite_received(settings_env: Settings, tmp_path: Path) -> None:
+def test_counted_requests_equal_what_azurite_received(settings_env: Settings, roles: Roles, tmp_path: Path) -> None:
     debug_log = tmp_path / "azurite-debug.log"
-    stack = AzuriteStack(home=tmp_path / "azurite", persist=False, debug_log=debug_log)
-    settings = settings_env.model_copy(update={"storage_connection_string": SecretStr(stack.start())})
     batch = tmp_path / "batch.csv"
     generate(5_000, batch, seed=3)
-    try:
-        with role_processes(settings, tmp_path / "logs") as processes:
+    with running_azurite(tmp_path / "azurite", persist=False, debug_log=debug_log) as stack:
+        settings = settings_env.model_copy(
+            update={"storage_connection_string": SecretStr(stack.connection_string() or "")}
+        )
+        with roles.running(settings):
             submission = asyncio.run(client.submit(settings, batch, batch_id="counted"))
             with Store(settings.sql_url_value) as store:
                 status = client.wait_for(store, "counted", timeout=120)
             time.sleep(2.5)  # a state refresh after the last request
             live = json.loads(billing("status", "--json").stdout)
         assert status is not None and status.state == "complete"
-        assert [p.returncode for p in processes] == [0, 0, 0]
+        assert roles.returncodes == [0, 0, 0]
         seen = azurite_saw(debug_log)
-    finally:
-        stack.stop()
 
     counted: Counter[str] = Counter(submission.requests)
     states = [json.loads(path.read_text()) for path in (settings.home / "state").glob("*.json")]

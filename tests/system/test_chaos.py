@@ -7,9 +7,6 @@ from __future__ import annotations
 
 import os
 import random
-import signal
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from decimal import Decimal
@@ -23,46 +20,17 @@ from billing.stack import AzuriteStack
 from controller.store import FINAL_STATES, BatchStatus, Store
 from shared.rules.sample import generate
 from shared.settings import Settings
-from support.exact import _key, billing, expected, read_raw, report
+from support.azurite import running_azurite
+from support.exact import billing, expected, read_raw, report, sorted_records
 from support.postgres import PostgresServer
+from support.roles import Roles
+from support.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 
 ROWS = int(os.environ.get("BILLING_CHAOS_ROWS", "200000"))
 KILLS = 9  # SIGKILLs per run at most: each role three times, while the batch is still in flight
 SEED = 2026
-
-
-class Roles:
-    """The three roles as processes that the test can kill and restart one at a time."""
-
-    def __init__(self, env: dict[str, str], log_dir: Path) -> None:
-        self.env, self.log_dir = env, log_dir
-        log_dir.mkdir(parents=True, exist_ok=True)
-        self.processes = {role: self._start(role) for role in ROLES}
-        self.killed: list[str] = []
-
-    def _start(self, role: str) -> subprocess.Popen[bytes]:
-        log = (self.log_dir / f"{role}.log").open("ab")
-        return subprocess.Popen([sys.executable, "-m", role], env=self.env, stdout=log, stderr=log)
-
-    def kill_and_restart(self, role: str) -> None:
-        self.processes[role].send_signal(signal.SIGKILL)
-        self.processes[role].wait()
-        self.killed.append(role)
-        self.processes[role] = self._start(role)
-
-    def stop(self) -> list[int]:
-        """SIGTERM every role once it is up (a role still starting dies by the default action)."""
-        home = Path(self.env["BILLING_HOME"])
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and not all(
-            (home / "state" / f"{role}-{process.pid}.json").exists() for role, process in self.processes.items()
-        ):
-            time.sleep(0.2)
-        for process in self.processes.values():
-            process.send_signal(signal.SIGTERM)
-        return [process.wait(timeout=120) for process in self.processes.values()]
 
 
 @pytest.fixture(scope="module")
@@ -76,45 +44,34 @@ def chaos_batch(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
 @pytest.fixture
 def stack(settings_env: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[AzuriteStack]:
     """An Azurite of the test's own, persisted on disk, so the test can stop and restart it."""
-    azurite = AzuriteStack(home=tmp_path / "azurite", persist=True)
-    monkeypatch.setenv("BILLING_STORAGE_CONNECTION_STRING", azurite.start())
-    for name, value in {"PARTITIONS": "4", "VISIBILITY_TIMEOUT": "5", "MAX_DEQUEUE_COUNT": "20"}.items():
-        monkeypatch.setenv(f"BILLING_{name}", value)
-    try:
+    with running_azurite(tmp_path / "azurite", persist=True) as azurite:
+        monkeypatch.setenv("BILLING_STORAGE_CONNECTION_STRING", azurite.connection_string() or "")
+        for name, value in {"PARTITIONS": "4", "VISIBILITY_TIMEOUT": "5", "MAX_DEQUEUE_COUNT": "20"}.items():
+            monkeypatch.setenv(f"BILLING_{name}", value)
         yield azurite
-    finally:
-        azurite.stop()
 
 
-def run_with_chaos(batch: Path, log_dir: Path, inflict: Callable[[Roles, random.Random], None]) -> BatchStatus:
+def run_with_chaos(roles: Roles, batch: Path, inflict: Callable[[Roles, random.Random], None]) -> BatchStatus:
     """Submit ``batch``, let ``inflict`` do its damage while the roles work, wait for the end."""
     settings = Settings()
-    roles = Roles(dict(os.environ), log_dir)
-    try:
+    with roles.running(settings):
         billing("submit", str(batch), "--batch-id", "chaos")
         inflict(roles, random.Random(SEED))
-        status = _wait(settings, timeout=600)
-    finally:
-        codes = roles.stop()
-    assert codes == [0, 0, 0], f"every role stops cleanly after the chaos (logs in {log_dir})"
+        status = wait_until(lambda: final_status(settings), 600, interval=1)
+    # Every role is SIGTERMed once it is up (a role still starting would die by the default action).
+    assert roles.returncodes == [0, 0, 0], f"every role stops cleanly after the chaos (logs in {roles.log_dir})"
     assert status is not None, "the batch did not finish within 10 minutes"
     return status
 
 
-def _wait(settings: Settings, *, timeout: float) -> BatchStatus | None:
-    """The batch's status once final (None if it is not final within ``timeout``)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            with Store(settings.sql_url_value, migrate=False) as store:
-                status = store.batch("chaos")
-        except Exception:
-            status = None
-        if status is not None and status.state in FINAL_STATES:
-            return status
-        if time.monotonic() >= deadline:
-            return None
-        time.sleep(1)
+def final_status(settings: Settings) -> BatchStatus | None:
+    """The batch's status once final (None before, or while the store cannot be reached)."""
+    try:
+        with Store(settings.sql_url_value, migrate=False) as store:
+            status = store.batch("chaos")
+    except Exception:
+        return None
+    return status if status is not None and status.state in FINAL_STATES else None
 
 
 def assert_exact(status: BatchStatus, want: Any) -> None:
@@ -127,11 +84,11 @@ def assert_exact(status: BatchStatus, want: Any) -> None:
     got = report("aggregates", "chaos")
     for record in got:
         record["quantity"] = Decimal(record["quantity"])
-    assert sorted(got, key=_key) == aggregates
-    assert sorted(report("invoices", "chaos"), key=_key) == invoices
+    assert sorted_records(got) == aggregates
+    assert sorted_records(report("invoices", "chaos")) == invoices
 
 
-def test_roles_killed_at_random_moments(stack: AzuriteStack, chaos_batch: tuple[Path, Any], tmp_path: Path) -> None:
+def test_roles_killed_at_random_moments(stack: AzuriteStack, chaos_batch: tuple[Path, Any], roles: Roles) -> None:
     settings = Settings()
 
     def kill_roles(roles: Roles, rng: random.Random) -> None:
@@ -139,25 +96,25 @@ def test_roles_killed_at_random_moments(stack: AzuriteStack, chaos_batch: tuple[
         rng.shuffle(victims)
         for role in victims[:KILLS]:
             time.sleep(rng.uniform(0.5, 2.5))
-            if _wait(settings, timeout=0) is not None:
+            if final_status(settings) is not None:
                 break  # the batch is done: later kills would prove nothing
             roles.kill_and_restart(role)
         assert set(roles.killed[:6]) == set(ROLES), f"every role was killed mid-run: {roles.killed}"
 
     batch, want = chaos_batch
-    status = run_with_chaos(batch, tmp_path / "logs", kill_roles)
+    status = run_with_chaos(roles, batch, kill_roles)
     assert_exact(status, want)
 
 
 def test_azurite_stopped_and_restarted_mid_run(
-    stack: AzuriteStack, chaos_batch: tuple[Path, Any], tmp_path: Path
+    stack: AzuriteStack, chaos_batch: tuple[Path, Any], roles: Roles
 ) -> None:
     def restart_azurite(roles: Roles, rng: random.Random) -> None:
         time.sleep(rng.uniform(2.0, 4.0))
         stack.restart(down_for=5)
 
     batch, want = chaos_batch
-    status = run_with_chaos(batch, tmp_path / "logs", restart_azurite)
+    status = run_with_chaos(roles, batch, restart_azurite)
     assert_exact(status, want)
 
 
@@ -166,7 +123,7 @@ def test_azurite_stopped_and_restarted_mid_run(
 def test_postgresql_restarted_mid_run(
     stack: AzuriteStack,
     chaos_batch: tuple[Path, Any],
-    tmp_path: Path,
+    roles: Roles,
     monkeypatch: pytest.MonkeyPatch,
     postgres_server: PostgresServer,
     sql_url: str,
@@ -180,5 +137,5 @@ def test_postgresql_restarted_mid_run(
         postgres_server.start()
 
     batch, want = chaos_batch
-    status = run_with_chaos(batch, tmp_path / "logs", restart_postgres)
+    status = run_with_chaos(roles, batch, restart_postgres)
     assert_exact(status, want)

@@ -7,19 +7,19 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from billing.bench import BenchReport, PipelineRun
+from benchmarks.listener import ListenerBench
+from benchmarks.pipeline import BenchReport, PipelineRun
 from billing.cost import Prices
-from billing.demo import role_processes
-from billing.listenbench import ListenerBench
-from billing.runtime import role_states
+from shared.messaging.runtime import role_states
 from shared.settings import Settings
+from support.roles import Roles
+from support.waiting import wait_until
 
 # The whitepaper's example: one dequeue thread polling an empty queue every second through 22 idle
 # hours a day, 30 days a month, at 2012's $0.01 per 10,000 storage transactions; it prints "$2.38"
@@ -82,13 +82,6 @@ def test_projection_from_rates() -> None:
     assert got["monthly_storage_requests"] == round(requests) == 321_600
     assert got["monthly_storage_cost"] == {"GPv2 today": 0.13, "whitepaper 2012": 0.32}
     assert got["monthly_servicebus_operations"] == 0 and got["monthly_servicebus_cost"] == 0
-
-
-def test_the_shipped_prices_are_todays_defaults() -> None:
-    prices = Prices.load()
-    assert prices.storage_per_10k == {"GPv2 today": 0.004, "whitepaper 2012": 0.01}
-    assert prices.servicebus_base_monthly == pytest.approx(0.0135 * 730)
-    assert prices.servicebus_tiers == [(13e6, 0.0), (100e6, 0.80), (2_500e6, 0.50), (1e18, 0.20)]
 
 
 def test_servicebus_standard_tiers_at_their_boundaries(tmp_path: Path) -> None:
@@ -157,19 +150,20 @@ def test_rates_from_bench_reports(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_a_window_of_the_running_roles(settings_env: Settings, tmp_path: Path) -> None:
+def test_a_window_of_the_running_roles(roles: Roles) -> None:
     """Real initiator, two processors and controller, idle and polling every second (the whitepaper's
     naive design): the window must find one empty receive per second per queue each role polls."""
     settings = Settings(trigger_backend="none", min_idle_interval=1, max_idle_interval=1, partitions=2, dequeue_tasks=1)
     queues = 1 + 2 * settings.partitions + 1  # initiator: requests; processors: the inputs; controller: results
-    with role_processes(settings, tmp_path / "logs", processors=2):
-        deadline = time.monotonic() + 60
-        while not (
-            len(states := role_states(settings)) == 4
-            and all(s["requests"].get("queue.receive", 0) >= 2 for s in states)
-        ):
-            assert time.monotonic() < deadline, "the roles did not start polling"
-            time.sleep(0.2)
+    with roles.running(settings, processors=2):
+        assert wait_until(
+            lambda: (
+                len(states := role_states(settings)) == 4
+                and all(s["requests"].get("queue.receive", 0) >= 2 for s in states)
+            ),
+            60,
+            interval=0.2,
+        ), "the roles did not start polling"
         got = cost("--window", "10")
     measured, projection = got["measured"], got["projection"]
     assert measured["roles"] == ["controller", "initiator", "processor", "processor"]

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import re
-import subprocess
 import time
 from collections.abc import Callable
 from decimal import Decimal
@@ -17,12 +16,12 @@ import pytest
 from pydantic import SecretStr
 
 from billing import client
-from billing.demo import role_processes
 from controller.store import BatchStatus, Store
 from shared.rules.sample import generate
 from shared.settings import Settings
-from support.exact import _key, expected, read_raw, report
+from support.exact import expected, read_raw, report, sorted_records
 from support.fault_proxy import KINDS, SERVICES, FaultProxy
+from support.roles import Roles
 
 pytestmark = pytest.mark.slow
 
@@ -57,18 +56,18 @@ def through(proxy: FaultProxy, settings: Settings, **overrides: object) -> Setti
 
 
 def run_batch(
+    roles: Roles,
     settings: Settings,
     batch: Path,
-    logs: Path,
-    during: Callable[[Store, list[subprocess.Popen[bytes]]], None] = lambda *_: None,
-) -> tuple[list[int], BatchStatus | None]:
+    during: Callable[[Store], None] = lambda _: None,
+) -> tuple[list[int | None], BatchStatus | None]:
     """Submit ``batch`` with the three roles running, call ``during``, wait for the batch's end;
     return the roles' exit codes (after SIGTERM) and the batch status."""
-    with role_processes(settings, logs) as processes, Store(settings.sql_url_value) as store:
+    with roles.running(settings), Store(settings.sql_url_value) as store:
         asyncio.run(client.submit(settings, batch, batch_id=BATCH))
-        during(store, processes)
+        during(store)
         status = client.wait_for(store, BATCH, timeout=180)
-    return [p.returncode for p in processes], status
+    return roles.returncodes, status
 
 
 def assert_exact(batch: Path, status: BatchStatus | None) -> None:
@@ -82,15 +81,15 @@ def assert_exact(batch: Path, status: BatchStatus | None) -> None:
     got = report("aggregates", BATCH)
     for record in got:
         record["quantity"] = Decimal(record["quantity"])
-    assert sorted(got, key=_key) == aggregates
-    assert sorted(report("invoices", BATCH), key=_key) == invoices
+    assert sorted_records(got) == aggregates
+    assert sorted_records(report("invoices", BATCH)) == invoices
 
 
-def test_steady_faults_of_every_kind_leave_totals_exact(settings_env: Settings, batch: Path, tmp_path: Path) -> None:
+def test_steady_faults_of_every_kind_leave_totals_exact(settings_env: Settings, roles: Roles, batch: Path) -> None:
     upstream = settings_env.storage_connection_string.get_secret_value()  # type: ignore[union-attr]
     with FaultProxy(upstream, rate=0.1, hang=3.0, seed=1) as proxy:
         proxy.set_rate(0.25, services=["blob"])  # blobs see far fewer requests: fault them more often
-        codes, status = run_batch(through(proxy, settings_env), batch, tmp_path / "logs")
+        codes, status = run_batch(roles, through(proxy, settings_env), batch)
     assert codes == [0, 0, 0], "every role exits 0 on SIGTERM"
     assert {kind for service in SERVICES for kind in proxy.injected[service]} == set(KINDS), proxy.injected
     assert all(proxy.injected[service].total() > 0 for service in SERVICES), proxy.injected
@@ -98,52 +97,48 @@ def test_steady_faults_of_every_kind_leave_totals_exact(settings_env: Settings, 
     assert_exact(batch, status)
 
 
-def warnings_by_log(logs: Path) -> dict[str, int]:
+def warnings_by_log(roles: Roles) -> dict[str, int]:
     """Log lines at WARNING or above (tracebacks not counted), per role log file."""
-    return {
-        log.name: sum(1 for line in log.read_text().splitlines() if LOG_LINE.match(line)) for log in logs.glob("*.log")
-    }
+    return {name: sum(1 for line in text.splitlines() if LOG_LINE.match(line)) for name, text in roles.logs().items()}
 
 
-def test_a_storage_outage_mid_run_is_ridden_out(settings_env: Settings, batch: Path, tmp_path: Path) -> None:
-    logs = tmp_path / "logs"
+def test_a_storage_outage_mid_run_is_ridden_out(settings_env: Settings, roles: Roles, batch: Path) -> None:
     upstream = settings_env.storage_connection_string.get_secret_value()  # type: ignore[union-attr]
     alive_after: list[bool] = []
 
-    def outage(store: Store, processes: list[subprocess.Popen[bytes]]) -> None:
+    def outage(store: Store) -> None:
         # Mid-debatch: after the initiator's 10th send (of 30 work items and the manifest).
         proxy.outage(OUTAGE_SECONDS, services=SERVICES, after=10, method="POST")
         assert proxy.outage_began.wait(timeout=120), "the batch never started"
         assert (status := store.batch(BATCH)) is None or status.state != "complete", "the outage must come mid-run"
         time.sleep(OUTAGE_SECONDS + 1)
-        alive_after.extend(p.poll() is None for p in processes)
+        alive_after.extend(roles.alive())
 
     with FaultProxy(upstream) as proxy:
         # Fewer SDK retries (about 7 s of them), so the outage outlasts them and reaches the roles.
-        codes, status = run_batch(through(proxy, settings_env, retry_total=3), batch, logs, during=outage)
+        codes, status = run_batch(roles, through(proxy, settings_env, retry_total=3), batch, during=outage)
     assert alive_after == [True, True, True], "no role crashed during the outage"
     assert codes == [0, 0, 0], "every role exits 0 on SIGTERM"
     assert proxy.total(proxy.injected, "reset") > 20, proxy.injected
     assert_exact(batch, status)
-    warnings = warnings_by_log(logs)
+    warnings = warnings_by_log(roles)
     assert len(warnings) == 3, warnings
     # The roles say that storage failed (one whose polls fell between the SDK's retries may not
     # need to); one that retried in a busy loop would log hundreds of lines.
     assert sum(warnings.values()) >= 1 and all(count <= 20 for count in warnings.values()), warnings
 
 
-def test_roles_started_during_an_outage_wait_for_storage(settings_env: Settings, batch: Path, tmp_path: Path) -> None:
-    logs = tmp_path / "logs"
+def test_roles_started_during_an_outage_wait_for_storage(settings_env: Settings, roles: Roles, batch: Path) -> None:
     upstream = settings_env.storage_connection_string.get_secret_value()  # type: ignore[union-attr]
     with FaultProxy(upstream) as proxy:
         proxy.outage(OUTAGE_SECONDS / 2, services=SERVICES)  # storage unreachable from before the roles start
         settings = through(proxy, settings_env, retry_total=1)
-        with role_processes(settings, logs) as processes, Store(settings.sql_url_value) as store:
+        with roles.running(settings), Store(settings.sql_url_value) as store:
             time.sleep(OUTAGE_SECONDS / 2 + 1)
-            assert [p.poll() for p in processes] == [None, None, None], "no role gave up"
+            assert roles.returncodes == [None, None, None], "no role gave up"
             asyncio.run(client.submit(settings, batch, batch_id=BATCH))
             status = client.wait_for(store, BATCH, timeout=180)
-    assert [p.returncode for p in processes] == [0, 0, 0]
+    assert roles.returncodes == [0, 0, 0]
     assert_exact(batch, status)
-    said = {log.name: log.read_text() for log in logs.glob("*.log")}
+    said = roles.logs()
     assert all("storage unavailable" in text for text in said.values()), "each role said why it waited"

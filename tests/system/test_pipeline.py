@@ -14,13 +14,14 @@ from pathlib import Path
 
 import pytest
 
-from billing.demo import role_processes
 from shared.messaging.envelope import BATCH_PREFIX, batch_blob
 from shared.messaging.storage import Storage
 from shared.rules.sample import generate
 from shared.settings import Settings
-from support.exact import _key, billing, expected, read_raw, report
+from support.exact import billing, expected, read_raw, report, sorted_records
+from support.roles import Roles
 from support.servicebus_broker import ServiceBusTestBroker
+from support.waiting import wait_until
 
 ROWS = 4_000
 
@@ -50,21 +51,21 @@ def claim_checks(settings: Settings, batch_id: str = "") -> list[str]:
     [pytest.param(300, id="inline-work-items"), pytest.param(3_000, id="claim-checked-work-items")],
     indirect=True,
 )
-def test_batches_in_every_format_come_out_exact(pipeline_env: Settings, tmp_path: Path) -> None:
+def test_batches_in_every_format_come_out_exact(pipeline_env: Settings, roles: Roles, tmp_path: Path) -> None:
     batches = {}
     for seed, fmt in enumerate(("csv", "jsonl", "parquet"), start=1):
         path = tmp_path / f"batch.{fmt}"
         generate(ROWS, path, seed=seed, fmt=fmt, reject_rate=0.02)
         batches[f"batch-{fmt}"] = path
 
-    with role_processes(pipeline_env, tmp_path / "logs") as processes:
+    with roles.running(pipeline_env):
         for batch_id, path in batches.items():
             assert "submitted" in billing("submit", str(path), "--batch-id", batch_id).stdout
         for batch_id, path in batches.items():
             billing("submit", str(path), "--batch-id", batch_id, "--wait")  # exits non-zero unless complete
         again = billing("submit", str(batches["batch-csv"]), "--batch-id", "batch-csv", "--wait")
         assert "already submitted; nothing changed" in again.stdout
-    assert [p.returncode for p in processes] == [0, 0, 0], "every role exits 0 on SIGTERM"
+    assert roles.returncodes == [0, 0, 0], "every role exits 0 on SIGTERM"
 
     for batch_id, path in batches.items():
         aggregates, invoices, rejects = expected(read_raw(path))
@@ -81,8 +82,8 @@ def test_batches_in_every_format_come_out_exact(pipeline_env: Settings, tmp_path
             assert "E" not in record["quantity"] and not record["quantity"].endswith(".")
             assert not ("." in record["quantity"] and record["quantity"].endswith("0"))
             record["quantity"] = Decimal(record["quantity"])
-        assert sorted(got, key=_key) == aggregates
-        assert sorted(report("invoices", batch_id), key=_key) == invoices
+        assert sorted_records(got) == aggregates
+        assert sorted_records(report("invoices", batch_id)) == invoices
         assert [{"row": r["row"], "reason": r["reason"]} for r in report("rejects", batch_id)] == rejects
         assert len(rejects) > 0, "the sample carries defects, so rejects are exercised"
     # A full 3,000-row item (~100 KB encoded) cannot travel inline; the short last one and 300-row items can.
@@ -92,19 +93,20 @@ def test_batches_in_every_format_come_out_exact(pipeline_env: Settings, tmp_path
 
 @pytest.mark.parametrize("pipeline_env", [pytest.param(3_000, id="claim-checked-work-items")], indirect=True)
 def test_a_complete_batch_loses_its_claim_checks_after_the_retention(
-    pipeline_env: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    pipeline_env: Settings, roles: Roles, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("BILLING_CLAIM_CHECK_RETENTION", "0")
     path = tmp_path / "batch.csv"
     generate(ROWS, path, seed=11, reject_rate=0.02)
-    with role_processes(pipeline_env, tmp_path / "logs"):
+    with roles.running(pipeline_env):
         billing("submit", str(path), "--batch-id", "swept", "--wait")
-        deadline = time.monotonic() + 30
-        while json.loads(billing("status", "swept", "--json").stdout)["claims_deleted_at"] is None:
-            assert time.monotonic() < deadline, "the controller did not delete the claim checks within 30 s"
-            time.sleep(0.5)
+        assert wait_until(
+            lambda: json.loads(billing("status", "swept", "--json").stdout)["claims_deleted_at"] is not None,
+            30,
+            interval=0.5,
+        ), "the controller did not delete the claim checks within 30 s"
     assert claim_checks(pipeline_env, "swept") == []
-    controller_log = (tmp_path / "logs" / "controller-2.log").read_text()
+    controller_log = roles.logs()["controller-2.log"]
     deleted = re.search(r"batch swept: (\d+) claim-check blobs deleted", controller_log)
     assert deleted and int(deleted.group(1)) >= 1, "the 3,000-transaction work item went by claim check"
 
@@ -115,8 +117,8 @@ def test_a_complete_batch_loses_its_claim_checks_after_the_retention(
     assert asyncio.run(inbox()) == ["swept"], "the submitted file itself is kept"
     aggregates, invoices, _ = expected(read_raw(path))
     got = [{**record, "quantity": Decimal(record["quantity"])} for record in report("aggregates", "swept")]
-    assert sorted(got, key=_key) == aggregates
-    assert sorted(report("invoices", "swept"), key=_key) == invoices
+    assert sorted_records(got) == aggregates
+    assert sorted_records(report("invoices", "swept")) == invoices
 
 
 @pytest.fixture(params=["local", "servicebus"])
@@ -138,12 +140,12 @@ def trigger_env(
         yield Settings()
 
 
-def test_idle_roles_are_woken_by_triggers(trigger_env: Settings, tmp_path: Path) -> None:
+def test_idle_roles_are_woken_by_triggers(trigger_env: Settings, roles: Roles, tmp_path: Path) -> None:
     path = tmp_path / "batch.csv"
     generate(2_000, path, seed=9)
-    with role_processes(trigger_env, tmp_path / "logs") as processes:
+    with roles.running(trigger_env):
         time.sleep(3)  # every role has polled once and gone to sleep for ten minutes
         billing("submit", str(path), "--batch-id", "woken", "--wait", "--timeout", "120")
-    assert [p.returncode for p in processes] == [0, 0, 0]
+    assert roles.returncodes == [0, 0, 0]
     status = json.loads(billing("status", "woken", "--json").stdout)
     assert status["state"] == "complete" and status["rows"] == 2_000

@@ -20,15 +20,10 @@ from shared.protocol import WorkHeader, work_envelope
 from shared.refstore import PRICEBOOK, ReferenceStore
 from shared.rules.sample import generate, sample_price_book_bytes
 from shared.settings import Settings
-from support.exact import _key, billing, expected, read_raw, report
+from support.exact import billing, expected, read_raw, report, sorted_records
+from support.roles import Roles
 
 pytestmark = pytest.mark.usefixtures("settings_env")
-
-
-def burst(role: str) -> None:
-    """Run one role until what is queued for it is drained."""
-    result = subprocess.run([sys.executable, "-m", role, "--burst"], capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr
 
 
 def poison_list() -> dict[str, dict[str, Any]]:
@@ -52,7 +47,7 @@ async def _restore_price_book(settings: Settings) -> None:
 
 
 def test_missing_reference_data_fails_the_batch_and_a_replay_completes_it(
-    settings_env: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    roles: Roles, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("BILLING_PARTITIONS", "2")
     monkeypatch.setenv("BILLING_WORK_ITEM_SIZE", "500")
@@ -60,11 +55,11 @@ def test_missing_reference_data_fails_the_batch_and_a_replay_completes_it(
     batch = tmp_path / "batch.csv"
     generate(3_000, batch, seed=7, reject_rate=0.02)
     billing("submit", str(batch), "--batch-id", "b-ref")
-    burst("initiator")
+    roles.burst("initiator")
     asyncio.run(_drop_price_book(settings))  # the cause: reference data the work items name is gone
 
-    burst("processor")
-    burst("controller")
+    roles.burst("processor")
+    roles.burst("controller")
     found = status("b-ref")
     items = found["work_items"]
     assert (found["state"], found["poisoned_items"], found["completed_items"]) == ("failed", items, 0)
@@ -80,16 +75,16 @@ def test_missing_reference_data_fails_the_batch_and_a_replay_completes_it(
     asyncio.run(_restore_price_book(settings))  # the fix
     assert f"replayed {items} poisoned message(s)" in billing("poison", "replay", "--all").stdout
     assert all(poison_list()[q]["count"] == 0 for q in settings.input_queues)
-    burst("processor")
-    burst("controller")
+    roles.burst("processor")
+    roles.burst("controller")
     found = status("b-ref")
     assert (found["state"], found["poisoned_items"], found["completed_items"]) == ("complete", 0, items)
     aggregates, invoices, _ = expected(read_raw(batch))
     got = report("aggregates", "b-ref")
     for record in got:
         record["quantity"] = type(aggregates[0]["quantity"])(record["quantity"])
-    assert sorted(got, key=_key) == aggregates
-    assert sorted(report("invoices", "b-ref"), key=_key) == invoices
+    assert sorted_records(got) == aggregates
+    assert sorted_records(report("invoices", "b-ref")) == invoices
 
 
 async def _send_crafted(settings: Settings) -> None:
@@ -116,10 +111,10 @@ async def _send_crafted(settings: Settings) -> None:
         await queue.send_message(json.dumps(missing))
 
 
-def test_malformed_messages_are_poisoned_with_their_reasons_and_purged(settings_env: Settings) -> None:
+def test_malformed_messages_are_poisoned_with_their_reasons_and_purged(settings_env: Settings, roles: Roles) -> None:
     asyncio.run(_send_crafted(settings_env))
-    burst("processor")
-    burst("controller")
+    roles.burst("processor")
+    roles.burst("controller")
     entries = poison_list()[settings_env.input_queues[0]]["entries"]
     reasons = sorted(e["reason"].split(":")[0] for e in entries)
     assert reasons == ["bad_envelope", "checksum_mismatch", "missing_claim_check"]

@@ -21,10 +21,11 @@ from urllib.parse import quote
 import pytest
 from pydantic import SecretStr
 
-from billing.demo import role_processes
-from billing.stack import AzuriteStack, free_ports
+from billing.stack import free_ports
 from shared.rules.sample import generate
 from shared.settings import Settings
+from support.azurite import running_azurite
+from support.roles import Roles
 
 ACCOUNT = "billingprod"
 BATCH = "secret-run"
@@ -45,26 +46,25 @@ def billing(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]
 
 
 def test_no_secret_reaches_logs_errors_or_output(
-    settings_env: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    settings_env: Settings, roles: Roles, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     key, wrong_key = (base64.b64encode(os.urandom(64)).decode() for _ in range(2))
     signature = base64.b64encode(os.urandom(32)).decode()
     password = secrets.token_urlsafe(18)
     monkeypatch.setenv("AZURITE_ACCOUNTS", f"{ACCOUNT}:{key}")
-    stack = AzuriteStack(home=tmp_path / "azurite", persist=False)
-    connection = account_connection(stack.start(), key)
-    sas = f"sv=2021-08-06&ss=bq&srt=sco&sp=rwdlacup&se=2099-01-01T00:00:00Z&sig={quote(signature, safe='')}"
-    forged = re.sub(r"AccountKey=[^;]+;", f"SharedAccessSignature={sas};", connection)
-    (closed_port,) = free_ports(1)
-    sql_with_password = f"postgresql+psycopg://billing:{password}@127.0.0.1:{closed_port}/billing"
-    settings = settings_env.model_copy(update={"storage_connection_string": SecretStr(connection)})
-    env = {**os.environ, **settings.as_env(), "BILLING_TRIGGER_BACKEND": "local"}
-    batch = tmp_path / "batch.csv"
-    generate(2_000, batch, seed=9, reject_rate=0.05)
+    with running_azurite(tmp_path / "azurite", persist=False) as stack:
+        connection = account_connection(stack.connection_string() or "", key)
+        sas = f"sv=2021-08-06&ss=bq&srt=sco&sp=rwdlacup&se=2099-01-01T00:00:00Z&sig={quote(signature, safe='')}"
+        forged = re.sub(r"AccountKey=[^;]+;", f"SharedAccessSignature={sas};", connection)
+        (closed_port,) = free_ports(1)
+        sql_with_password = f"postgresql+psycopg://billing:{password}@127.0.0.1:{closed_port}/billing"
+        settings = settings_env.model_copy(update={"storage_connection_string": SecretStr(connection)})
+        env = {**os.environ, **settings.as_env(), "BILLING_TRIGGER_BACKEND": "local"}
+        batch = tmp_path / "batch.csv"
+        generate(2_000, batch, seed=9, reject_rate=0.05)
 
-    outputs: list[str] = []
-    try:
-        with role_processes(settings, tmp_path / "logs") as processes:
+        outputs: list[str] = []
+        with roles.running(settings):
             for args in (
                 ("-v", "submit", str(batch), "--batch-id", BATCH, "--wait", "--timeout", "120"),
                 ("status",),
@@ -76,7 +76,7 @@ def test_no_secret_reaches_logs_errors_or_output(
                 done = billing(env, *args)
                 assert done.returncode == 0, done.stderr
                 outputs += [done.stdout, done.stderr]
-        assert [p.returncode for p in processes] == [0, 0, 0]
+        assert roles.returncodes == [0, 0, 0]
         local = {**env, "BILLING_HOME": str(tmp_path / "local"), "BILLING_SQL_URL": sql_with_password}
         up = billing(local, "up")
         billing(local, "down")
@@ -95,8 +95,6 @@ def test_no_secret_reaches_logs_errors_or_output(
             billing({**env, "BILLING_STORAGE_CONNECTION_STRING": forged}, "-v", "submit", str(batch)),
             billing({**env, "BILLING_SQL_URL": sql_with_password}, "-v", "status"),
         ]
-    finally:
-        stack.stop()
     for done in refused:
         assert done.returncode != 0, f"a wrong credential is refused: {done.args}"
         outputs += [done.stdout, done.stderr]

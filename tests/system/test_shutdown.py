@@ -5,8 +5,6 @@ the batch completes exactly once the roles run again."""
 from __future__ import annotations
 
 import signal
-import subprocess
-import sys
 import time
 from decimal import Decimal
 from pathlib import Path
@@ -16,15 +14,11 @@ import pytest
 from controller.store import BatchStatus, Store
 from shared.rules.sample import generate
 from shared.settings import Settings
-from support.exact import _key, billing, expected, read_raw, report
+from support.exact import billing, expected, read_raw, report, sorted_records
+from support.roles import Roles
+from support.waiting import wait_until
 
 ROWS = 60_000
-ROLES = ("initiator", "processor", "controller")
-
-
-def start(role: str, log: Path) -> subprocess.Popen[bytes]:
-    with log.open("ab") as out:
-        return subprocess.Popen([sys.executable, "-m", role], stdout=out, stderr=out)
 
 
 def batch_status(settings: Settings) -> BatchStatus | None:
@@ -33,15 +27,6 @@ def batch_status(settings: Settings) -> BatchStatus | None:
             return store.batch("stopped")
     except Exception:
         return None
-
-
-def wait_until(predicate, timeout: float) -> bool:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-    return True
 
 
 @pytest.mark.parametrize(
@@ -55,7 +40,7 @@ def wait_until(predicate, timeout: float) -> bool:  # type: ignore[no-untyped-de
     ],
 )
 def test_stopped_mid_batch_then_restarted_completes_exactly(
-    settings_env: Settings,
+    roles: Roles,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
     deadline: str,
@@ -67,19 +52,14 @@ def test_stopped_mid_batch_then_restarted_completes_exactly(
     settings = Settings()
     batch = tmp_path / "batch.csv"
     generate(ROWS, batch, seed=21, reject_rate=0.01)
-    logs = tmp_path / "logs"
-    logs.mkdir()
-    roles = {role: start(role, logs / f"{role}.log") for role in ROLES}
-    billing("submit", str(batch), "--batch-id", "stopped")
-    assert wait_until(lambda: (s := batch_status(settings)) is not None and s.completed_items > 0, 120)
+    with roles.running(settings):
+        billing("submit", str(batch), "--batch-id", "stopped")
+        assert wait_until(lambda: (s := batch_status(settings)) is not None and s.completed_items > 0, 120)
 
-    stopped_at = time.monotonic()
-    for process in roles.values():
-        for _ in range(signals):
-            process.send_signal(signal.SIGTERM)
-            time.sleep(0.01)
-    codes = [process.wait(timeout=60) for process in roles.values()]
-    took = time.monotonic() - stopped_at
+        stopped_at = time.monotonic()
+        roles.signal(signal.SIGTERM, times=signals)
+        codes = roles.wait(timeout=60)
+        took = time.monotonic() - stopped_at
     midway = batch_status(settings)
     assert midway is not None and midway.state == "processing", "the signal came mid-batch"
     assert set(codes) <= exit_codes, codes
@@ -88,16 +68,12 @@ def test_stopped_mid_batch_then_restarted_completes_exactly(
     if signals == 2 or deadline != "30":
         assert took < 10, f"a second signal or a passed deadline ends a role at once ({took:.1f} s)"
     if deadline != "30":
-        said = "\n".join(log.read_text() for log in logs.glob("*.log"))
+        said = "\n".join(roles.logs().values())
         assert "did not finish by the shutdown deadline" in said and "handed back" in said
 
-    roles = {role: start(role, logs / f"{role}.log") for role in ROLES}
-    try:
+    with roles.running(settings):
         assert wait_until(lambda: (s := batch_status(settings)) is not None and s.state == "complete", 300)
-    finally:
-        for process in roles.values():
-            process.send_signal(signal.SIGTERM)
-        assert [process.wait(timeout=60) for process in roles.values()] == [0, 0, 0]
+    assert roles.returncodes == [0, 0, 0]
     status = batch_status(settings)
     aggregates, invoices, _ = expected(read_raw(batch))
     assert status is not None and status.transactions_recorded == status.accepted == sum(
@@ -107,5 +83,5 @@ def test_stopped_mid_batch_then_restarted_completes_exactly(
     got = report("aggregates", "stopped")
     for record in got:
         record["quantity"] = Decimal(record["quantity"])
-    assert sorted(got, key=_key) == aggregates
-    assert sorted(report("invoices", "stopped"), key=_key) == invoices
+    assert sorted_records(got) == aggregates
+    assert sorted_records(report("invoices", "stopped")) == invoices

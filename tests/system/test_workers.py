@@ -7,7 +7,8 @@ import os
 import signal
 import subprocess
 import sys
-import time
+
+from support.waiting import wait_until
 
 OWNER = """
 import multiprocessing, os, sys
@@ -36,7 +37,4 @@ def test_workers_exit_when_their_owner_is_killed() -> None:
     assert workers and all(alive(pid) for pid in workers) and owner.pid not in workers
     os.kill(owner.pid, signal.SIGKILL)
     owner.wait()
-    deadline = time.monotonic() + 10
-    while any(alive(pid) for pid in workers) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not any(alive(pid) for pid in workers), "orphaned rating workers"
+    assert wait_until(lambda: not any(alive(pid) for pid in workers), 10, interval=0.1), "orphaned rating workers"

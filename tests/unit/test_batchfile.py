@@ -91,8 +91,8 @@ def test_csv_values_are_kept_verbatim_with_raw_json(tmp_path: Path) -> None:
     [row] = read(path, "csv")
     assert fields(row) == (" t1 ", "a1", "2026-03-02T09:15:00+01:00", "p", " 1.50 ", "DE")
     assert row["row"] == 1
-    assert json.loads(row["raw"]) == dict(zip(RAW_COLUMNS, fields(row)))
-    assert row["raw"] == json.dumps(dict(zip(RAW_COLUMNS, fields(row))), separators=(",", ":"))
+    assert json.loads(row["raw"]) == dict(zip(RAW_COLUMNS, fields(row), strict=True))
+    assert row["raw"] == json.dumps(dict(zip(RAW_COLUMNS, fields(row), strict=True)), separators=(",", ":"))
 
 
 def test_csv_bom_empty_lines_and_quoted_newline(tmp_path: Path) -> None:
@@ -204,11 +204,13 @@ def test_csv_leaves_the_source_open(tmp_path: Path) -> None:
 
 def test_jsonl_values(tmp_path: Path) -> None:
     lines = [
-        '{"transaction_id": "t1", "account_id": "a", "timestamp": "ts", "product": "p", "quantity": 1.50, "region": "DE"}',
+        '{"transaction_id": "t1", "account_id": "a", "timestamp": "ts", "product": "p", '
+        '"quantity": 1.50, "region": "DE"}',
         "",
         "   ",
         '{"transaction_id": "t2", "account_id": null, "product": "p", "quantity": 1e3, "extra": [1]}',
-        '{"transaction_id": 7, "account_id": true, "timestamp": ["x"], "product": {"a": 1}, "quantity": -0, "region": false}',
+        '{"transaction_id": 7, "account_id": true, "timestamp": ["x"], "product": {"a": 1}, '
+        '"quantity": -0, "region": false}',
         '{"transaction_id": " t4 ", "quantity": NaN, "region": null}',
     ]
     path = write(tmp_path, "b.jsonl", "\ufeff" + "\r\n".join(lines) + "\n")
@@ -311,7 +313,7 @@ def test_parquet_naive_timestamps_floats_and_chunks(tmp_path: Path) -> None:
 def test_parquet_refusals(tmp_path: Path) -> None:
     path = tmp_path / "missing.parquet"
     pq.write_table(pa.table({"transaction_id": ["t"], "account_id": ["a"], "timestamp": ["ts"]}), path)
-    with pytest.raises(FileRefused, match="lacks required column.*product, quantity"):
+    with pytest.raises(FileRefused, match=r"lacks required column.*product, quantity"):
         read(path, "parquet")
     nested = tmp_path / "nested.parquet"
     pq.write_table(pa.table({name: [["x"]] if name == "quantity" else ["x"] for name in RAW_COLUMNS}), nested)

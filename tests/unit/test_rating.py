@@ -117,7 +117,7 @@ def test_generated_rows_rate_exactly() -> None:
 
 @pytest.mark.parametrize(
     ("timestamp", "peak"),
-    [(t, p) for t, p in zip(BOUNDARIES, [1, 0, 0, 0, 1, 0, 1, 0, 0, 0, 0, 1, 0, 0, 1, 1])],
+    [(t, p) for t, p in zip(BOUNDARIES, [1, 0, 0, 0, 1, 0, 1, 0, 0, 0, 0, 1, 0, 0, 1, 1], strict=True)],
 )
 def test_peak_boundaries(timestamp: str, peak: int) -> None:
     rows = [{"transaction_id": "t", "account_id": "a", "timestamp": timestamp, "product": "usd", "quantity": "100"}]
@@ -145,7 +145,7 @@ def test_half_up_ties_and_minimum_charges() -> None:
     ]
     good, _ = accepted_table(rows)
     got = rate(good, BOOK, TAXES)
-    assert list(zip(got.net, got.tax)) == [(net, tax) for *_, net, tax in cases]
+    assert list(zip(got.net, got.tax, strict=True)) == [(net, tax) for *_, net, tax in cases]
     assert got.total.tolist() == [net + tax for *_, net, tax in cases]
     assert_rates_match(rows)
 

@@ -169,7 +169,9 @@ def assert_matches_model(rows: list[dict[str, str | None]], chunk_size: int) -> 
     expected = check_batch(rows, MODEL_PRICES, MODEL_RATES)
     good, bad = run(rows, chunk_size)
     assert good.num_rows + bad.num_rows == len(rows)
-    reasons = {r: reason for r, reason in zip(bad.column("row").to_pylist(), bad.column("reason").to_pylist())}
+    reasons = {
+        r: reason for r, reason in zip(bad.column("row").to_pylist(), bad.column("reason").to_pylist(), strict=True)
+    }
     accepted = {r["row"]: r for r in good.to_pylist()}
     for number, want in enumerate(expected, start=1):
         if isinstance(want, str):
@@ -234,7 +236,7 @@ def test_every_value_in_every_field(field: str, value: str | None) -> None:
     ],
 )
 def test_precedence(row: dict[str, str | None], reason: str | None) -> None:
-    good, bad = validate(raw_chunk([row]), BOOK, TAXES, TransactionIdSet())
+    _, bad = validate(raw_chunk([row]), BOOK, TAXES, TransactionIdSet())
     assert bad.column("reason").to_pylist() == ([reason] if reason else [])
     assert check_batch([row], MODEL_PRICES, MODEL_RATES)[0] == reason or reason is None
 
@@ -250,7 +252,7 @@ def test_duplicates_keep_the_first_valid_occurrence_across_chunks() -> None:
     ]
     good, bad = run(rows, chunk_size=2)
     assert good.column("row").to_pylist() == [2, 4]
-    assert list(zip(bad.column("row").to_pylist(), bad.column("reason").to_pylist())) == [
+    assert list(zip(bad.column("row").to_pylist(), bad.column("reason").to_pylist(), strict=True)) == [
         (1, "negative_quantity"),
         (3, "duplicate_transaction_id"),
         (5, "unknown_region"),
