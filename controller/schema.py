@@ -2,7 +2,7 @@
 
 Money is stored in minor units as ``NUMERIC(38, 0)``, quantity as ``NUMERIC(38, 6)``: exact, and far
 beyond 64-bit integers. SQLite has no exact wide numeric type (its NUMERIC affinity turns big values into
-REAL), so there both are kept as canonical decimal text; all arithmetic happens in Python anyway.
+REAL), so there both are kept as canonical decimal text, added exactly outside SQL (see ``store``).
 """
 
 from __future__ import annotations
@@ -104,6 +104,11 @@ batches = sa.Table(
     sa.Column("taxes_hash", sa.String(128), nullable=True),
     sa.Column("refused_reason", sa.Text, nullable=True),
     sa.Column("accepted_at", UTCDateTime(), nullable=True),
+    # Phases as the initiator saw them (from the manifest; None where a phase did not happen).
+    sa.Column("uploaded_at", UTCDateTime(), nullable=True),
+    sa.Column("first_item_sent_at", UTCDateTime(), nullable=True),
+    sa.Column("last_item_sent_at", UTCDateTime(), nullable=True),
+    sa.Column("debatched_at", UTCDateTime(), nullable=True),
     sa.Column("completed_at", UTCDateTime(), nullable=True),
     sa.Column("latency_seconds", sa.Float, nullable=True),
     # Storage and Service Bus requests made for the batch (see shared.tally), counted as it runs.

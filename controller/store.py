@@ -2,8 +2,9 @@
 
 Batch states: ``processing`` until every work item is accounted for; then ``complete`` (all recorded) or
 ``failed`` (at least one work item was poisoned; replaying it from the poison queue can still complete
-the batch); ``refused`` when the initiator refused the file. ``complete`` and ``refused`` never change. A batch whose work items are all in has
-``completed_at`` and ``latency_seconds`` (``completed_at - accepted_at``) set.
+the batch); ``refused`` when the initiator refused the file, even after some of its work items were
+recorded: then nothing of it is counted. ``complete`` and ``refused`` never change. A batch whose work
+items are all in has ``completed_at`` and ``latency_seconds`` (``completed_at - accepted_at``) set.
 
 Concurrency: every write locks the affected batch rows first (``SELECT ... FOR UPDATE`` in batch id
 order on PostgreSQL; ``BEGIN IMMEDIATE`` on SQLite, which serialises writers), so read-modify-write of
@@ -14,15 +15,18 @@ impossible even if that were bypassed.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+import functools
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import UTC, date, datetime
+from datetime import UTC, datetime
 from decimal import localcontext
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self, TypeVar
 
+import pyarrow as pa
+import pyarrow.compute as pc
 import sqlalchemy as sa
 from alembic import command
 from alembic.config import Config
@@ -30,6 +34,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 
 from shared.errors import ConfigurationError, InfrastructureError
 from shared.protocol import Manifest, PoisonNotice, WorkItemResult
+from shared.rules.schemas import PARTIAL_SCHEMA
 
 from .schema import EXACT, aggregates, batches, rejects, work_items
 
@@ -40,8 +45,27 @@ FINAL_STATES = frozenset({"complete", "failed", "refused"})
 _MIGRATION_LOCK = 0x62696C6C  # PostgreSQL advisory lock key ("bill")
 _IMMEDIATE = "billing_sqlite_immediate"
 _CHUNK = 1000
+_SQLITE_KEYS = 199  # aggregate keys per query: 5 variables each, within SQLite's historic limit of 999
 _AGGREGATE_KEY = ("batch_id", "account_id", "product", "billing_day")
 _AGGREGATE_VALUES = ("currency", "transactions", "quantity", "net", "tax", "total")
+_SUMMED = _AGGREGATE_VALUES[1:]
+#: How aggregate columns are held in Arrow while folding.
+_ARROW_TYPES = {**{f.name: f.type for f in PARTIAL_SCHEMA}, "batch_id": pa.string(), "billing_day": pa.date32()}
+#: Sets a fold's sums on SQLite, binding the canonical decimal text Arrow wrote (no conversion per value).
+_SQLITE_UPSERT = (
+    f"INSERT INTO aggregates ({', '.join(_AGGREGATE_KEY + _AGGREGATE_VALUES)}) "
+    f"VALUES ({', '.join('?' * len(_AGGREGATE_KEY + _AGGREGATE_VALUES))}) "
+    f"ON CONFLICT ({', '.join(_AGGREGATE_KEY)}) DO UPDATE SET "
+    + ", ".join(f"{name} = excluded.{name}" for name in _SUMMED)
+)
+_PG_TYPES = {"billing_day": "date", "transactions": "bigint", **dict.fromkeys(_SUMMED[1:], "numeric")}
+#: One PostgreSQL statement adds a whole fold (one array per column) to the stored sums.
+_PG_UPSERT = sa.text(
+    f"INSERT INTO aggregates ({', '.join(_AGGREGATE_KEY + _AGGREGATE_VALUES)}) SELECT * FROM unnest("
+    + ", ".join(f"CAST(:{name} AS {_PG_TYPES.get(name, 'text')}[])" for name in _AGGREGATE_KEY + _AGGREGATE_VALUES)
+    + f") ON CONFLICT ({', '.join(_AGGREGATE_KEY)}) DO UPDATE SET "
+    + ", ".join(f"{name} = aggregates.{name} + excluded.{name}" for name in _SUMMED)
+)
 
 
 @dataclass(frozen=True)
@@ -62,6 +86,10 @@ class BatchStatus:
     taxes_hash: str | None
     refused_reason: str | None
     accepted_at: datetime | None
+    uploaded_at: datetime | None
+    first_item_sent_at: datetime | None
+    last_item_sent_at: datetime | None
+    debatched_at: datetime | None
     completed_at: datetime | None
     latency_seconds: float | None
     requests: int
@@ -153,6 +181,9 @@ class Store:
         Results may precede their manifest: the batch then waits in ``processing`` with unknown size.
         A poisoned work item counts as accounted for (its batch ends ``failed``) until its result
         arrives after a replay: it is then recorded like any other and the batch can still complete.
+        A refused manifest deletes whatever of its batch was already counted (aggregates, rejects,
+        ``transactions_recorded``); later results of a refused batch are recorded but never counted.
+        The partials of all new work items are folded together in Arrow and written in one statement.
         """
         first_manifests: dict[str, Manifest] = {}
         for manifest in manifests:
@@ -174,7 +205,10 @@ class Store:
             for manifest in first_manifests.values():
                 if rows[manifest.batch_id]["work_items"] is None:
                     _fill_from_manifest(rows[manifest.batch_id], manifest)
-                    _insert_rejects(conn, manifest)
+                    if manifest.refused is None:
+                        _insert_rejects(conn, manifest)
+                    else:
+                        _forget_counts(conn, rows[manifest.batch_id])
 
             recorded = _recorded_work_items(conn, [*first_results, *notices])
             new = [r for r in first_results.values() if r.work_item_id not in recorded]
@@ -207,14 +241,16 @@ class Store:
                     .values(transactions=result.transactions, recorded_at=now, poison_reason=None)
                 )
                 rows[result.batch_id]["poisoned_items"] -= 1
+            counted = [r for r in new + recovered if rows[r.batch_id]["refused_reason"] is None]
             for result in new + recovered:
                 rows[result.batch_id]["completed_items"] += 1
+            for result in counted:
                 rows[result.batch_id]["transactions_recorded"] += result.transactions
             for notice in fresh_poison:
                 rows[notice.batch_id]["poisoned_items"] += 1
             for batch_id, count in (requests or {}).items():
                 rows[batch_id]["requests"] += count
-            _merge_aggregates(conn, new + recovered)
+            _merge_aggregates(conn, counted)
 
             completed, failed = [], []
             for batch_id, row in rows.items():
@@ -372,7 +408,18 @@ def _fill_from_manifest(row: dict[str, Any], manifest: Manifest) -> None:
         taxes_hash=manifest.taxes_hash,
         refused_reason=manifest.refused,
         accepted_at=manifest.accepted_at,
+        uploaded_at=manifest.uploaded_at,
+        first_item_sent_at=manifest.first_item_sent_at,
+        last_item_sent_at=manifest.last_item_sent_at,
+        debatched_at=manifest.debatched_at,
     )
+
+
+def _forget_counts(conn: sa.Connection, row: dict[str, Any]) -> None:
+    """A refused batch counts nothing: delete its aggregates and rejects, zero its recorded transactions."""
+    conn.execute(sa.delete(aggregates).where(aggregates.c.batch_id == row["batch_id"]))
+    conn.execute(sa.delete(rejects).where(rejects.c.batch_id == row["batch_id"]))
+    row["transactions_recorded"] = 0
 
 
 def _insert_rejects(conn: sa.Connection, manifest: Manifest) -> None:
@@ -385,70 +432,115 @@ def _insert_rejects(conn: sa.Connection, manifest: Manifest) -> None:
         conn.execute(sa.insert(rejects), chunk)
 
 
-def _merge_aggregates(conn: sa.Connection, results: Iterable[WorkItemResult]) -> None:
-    """Add the results' partials into ``aggregates`` exactly (ints for money, exact Decimal for quantity)."""
-    sums: dict[tuple[str, str, str, date], list[Any]] = {}
-    with localcontext(EXACT):
-        for result in results:
-            p = result.partials.to_pydict()
-            for account, product, day, currency, count, quantity, net, tax, total in zip(
-                p["account_id"],
-                p["product"],
-                p["billing_day"],
-                p["currency"],
-                p["transactions"],
-                p["quantity"],
-                p["net"],
-                p["tax"],
-                p["total"],
-                strict=True,
-            ):
-                key = (result.batch_id, account, product, date.fromisoformat(day))
-                _add(sums, key, [currency, count, quantity, int(net), int(tax), int(total)])
-        if not sums:
-            return
-        by_batch: dict[str, set[str]] = {}
-        for batch_id, account, _product, _day in sums:
-            by_batch.setdefault(batch_id, set()).add(account)
-        for batch_id, accounts in by_batch.items():
-            for chunk in _chunks(sorted(accounts), _CHUNK):
-                query = sa.select(aggregates).where(
-                    aggregates.c.batch_id == batch_id, aggregates.c.account_id.in_(chunk)
-                )
-                for row in conn.execute(query).mappings():
-                    key = (row["batch_id"], row["account_id"], row["product"], row["billing_day"])
-                    if key in sums:
-                        _add(
-                            sums,
-                            key,
-                            [
-                                row["currency"],
-                                row["transactions"],
-                                row["quantity"],
-                                int(row["net"]),
-                                int(row["tax"]),
-                                int(row["total"]),
-                            ],
-                        )
-    records = [
-        dict(zip(_AGGREGATE_KEY + _AGGREGATE_VALUES, (*key, *values), strict=True)) for key, values in sums.items()
-    ]
-    insert = _dialect_insert(conn)(aggregates)
-    upsert = insert.on_conflict_do_update(
-        index_elements=list(_AGGREGATE_KEY), set_={c: insert.excluded[c] for c in _AGGREGATE_VALUES}
-    )
-    for chunk in _chunks(records, _CHUNK):
-        conn.execute(upsert, chunk)
-
-
-def _add(sums: dict[tuple[str, str, str, date], list[Any]], key: tuple[str, str, str, date], values: list[Any]) -> None:
-    """Add ``[currency, transactions, quantity, net, tax, total]`` into ``sums[key]`` (exact context active)."""
-    current = sums.get(key)
-    if current is None:
-        sums[key] = values
+def _merge_aggregates(conn: sa.Connection, results: Sequence[WorkItemResult]) -> None:
+    """Add the results' partials into ``aggregates`` exactly, folded per key first, in one write: on
+    PostgreSQL the addition happens in SQL (``NUMERIC``); on SQLite (decimal text) in Arrow, over the
+    stored rows of the keys touched."""
+    if not results:
         return
-    for i in range(1, len(values)):
-        current[i] += values[i]
+    folded = _fold(_partials(results))
+    if not folded.num_rows:
+        return
+    if conn.dialect.name == "postgresql":
+        conn.execute(_PG_UPSERT, {name: _sql_values(folded[name]) for name in folded.column_names})
+        return
+    stored = _stored_aggregates(conn, folded.select(_AGGREGATE_KEY))
+    summed = _fold(pa.concat_tables([stored, folded])) if stored.num_rows else folded
+    conn.exec_driver_sql(_SQLITE_UPSERT, list(zip(*map(_sql_values, summed.columns), strict=True)))
+
+
+def _partials(results: Sequence[WorkItemResult]) -> pa.Table:
+    """The results' partials as one table with a ``batch_id`` column and ``billing_day`` as a date (checked)."""
+    table = pa.concat_tables([result.partials for result in results])
+    batch_ids = pa.chunked_array([pa.repeat(r.batch_id, r.partials.num_rows) for r in results], pa.string())
+    day = table.schema.get_field_index("billing_day")
+    return table.set_column(day, "billing_day", table["billing_day"].cast(pa.date32())).add_column(
+        0, "batch_id", batch_ids
+    )
+
+
+def _fold(table: pa.Table) -> pa.Table:
+    """``table``'s rows summed per aggregate key, exactly, in key order (key, first currency not null, sums).
+
+    Arrow's integer and decimal sums wrap silently on overflow, so a column whose sum might not fit its
+    type is summed in a wider one; a sum that does not fit the stored type then raises ``ValueError``.
+    """
+    summed = {}
+    for name in _SUMMED:
+        column = table[name]
+        if column.null_count:
+            raise ValueError(f"partial aggregates with a null {name}")
+        summed[name] = column if _sum_fits(column) else column.cast(_wider(column.type))
+    wide = pa.table({**{key: table[key] for key in _AGGREGATE_KEY}, "currency": table["currency"], **summed})
+    grouped = wide.group_by(list(_AGGREGATE_KEY), use_threads=False).aggregate(
+        [("currency", "first"), *((name, "sum") for name in _SUMMED)]
+    )
+    folded = pa.table(
+        {
+            **{key: grouped[key] for key in _AGGREGATE_KEY},
+            "currency": grouped["currency_first"],
+            **{name: grouped[f"{name}_sum"].cast(table.schema.field(name).type) for name in _SUMMED},
+        }
+    )
+    return folded.sort_by([(key, "ascending") for key in _AGGREGATE_KEY])
+
+
+def _sum_fits(column: pa.ChunkedArray) -> bool:
+    """Whether Arrow sums any rows of ``column`` without overflow: rows × largest magnitude within its type."""
+    bounds = pc.min_max(column)
+    low, high = bounds["min"].as_py(), bounds["max"].as_py()
+    if low is None:
+        return True
+    kind = column.type
+    if not pa.types.is_decimal(kind):
+        return len(column) * max(abs(low), abs(high)) < 2**63
+    with localcontext(EXACT):
+        largest = int(max(abs(low), abs(high)).scaleb(kind.scale))
+    return len(column) * largest < 10**kind.precision
+
+
+def _wider(kind: pa.DataType) -> pa.DataType:
+    """A type no sum of fewer than 2^63 values of ``kind`` can overflow."""
+    return pa.decimal256(76, kind.scale) if pa.types.is_decimal(kind) else pa.decimal128(38, 0)
+
+
+def _sql_values(column: pa.ChunkedArray) -> list[Any]:
+    """Python values to bind: ints stay ints; decimals and dates become their canonical text."""
+    return (column if pa.types.is_integer(column.type) else column.cast(pa.string())).to_pylist()
+
+
+def _stored_aggregates(conn: sa.Connection, keys: pa.Table) -> pa.Table:
+    """The stored aggregates of ``keys`` (one query per chunk of keys), as a table like :func:`_fold` makes
+    (with each key's stored currency left out: a fold keeps it)."""
+    width = len(_AGGREGATE_KEY) + 1
+    params: list[Any] = [None] * (keys.num_rows * width)
+    params[::width] = range(keys.num_rows)
+    for offset, name in enumerate(_AGGREGATE_KEY, start=1):
+        params[offset::width] = _sql_values(keys[name])
+    found: list[tuple[Any, ...]] = []
+    cursor = conn.connection.cursor()  # the driver's plain tuples: no conversion per value
+    try:
+        for chunk in _chunks(params, _SQLITE_KEYS * width):
+            cursor.execute(_sqlite_select(len(chunk) // width), chunk)
+            found.extend(cursor.fetchall())
+    finally:
+        cursor.close()
+    index, *values = zip(*found, strict=True) if found else [()] * (len(_SUMMED) + 1)
+    stored = keys.take(pa.array(index, pa.int64())).append_column("currency", pa.nulls(len(index), pa.string()))
+    for name, column in zip(_SUMMED, values, strict=True):
+        stored = stored.append_column(name, pa.array(column, pa.int64() if name == "transactions" else pa.string()))
+    return stored.cast(pa.schema([(name, _ARROW_TYPES[name]) for name in _AGGREGATE_KEY + _AGGREGATE_VALUES]))
+
+
+@functools.cache
+def _sqlite_select(keys: int) -> str:
+    """The query of ``keys`` keys' stored sums by key position: keys first (CROSS JOIN keeps that order), one
+    primary key search each."""
+    return (
+        f"WITH k(i, {', '.join(_AGGREGATE_KEY)}) AS (VALUES {', '.join(['(?, ?, ?, ?, ?)'] * keys)}) "
+        f"SELECT k.i, {', '.join(f'a.{name}' for name in _SUMMED)} FROM k CROSS JOIN aggregates AS a "
+        f"USING ({', '.join(_AGGREGATE_KEY)})"
+    )
 
 
 def _settle(row: dict[str, Any], now: datetime) -> None:

@@ -1,0 +1,288 @@
+"""The store's vectorised fold of partial aggregates, refused batches and phase timestamps, on SQLite and
+PostgreSQL (``sql_url`` from conftest), checked against an independent exact reference (Python ints and
+``decimal``)."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta, timezone
+from decimal import Decimal, localcontext
+from typing import Any
+
+import pyarrow as pa
+import pytest
+import sqlalchemy as sa
+from alembic import command
+from alembic.config import Config
+
+from controller import reports
+from controller.store import MIGRATIONS, Store
+from shared.protocol import Manifest, PoisonNotice, WorkItemResult
+from shared.rules.schemas import PARTIAL_SCHEMA, REJECT_SCHEMA
+
+ACCOUNTS = [f"acct-{i}" for i in range(5)]
+CURRENCIES = {"CPU": "USD", "GPU": "JPY", "NET": "BHD"}
+DAYS = ["2026-02-28", "2026-03-01", "2026-03-02"]
+KEYS = [(account, product, day) for account in ACCOUNTS for product in CURRENCIES for day in DAYS]
+Key = tuple[str, str, str, str]  # batch_id, account_id, product, billing_day
+
+
+@pytest.fixture
+def store(sql_url: str) -> Iterator[Store]:
+    with Store(sql_url) as opened:
+        yield opened
+
+
+def partial(
+    account: str = "acct-1",
+    *,
+    product: str = "CPU",
+    day: str = "2026-03-02",
+    transactions: int = 1,
+    quantity: Decimal | str = "1.5",
+    net: int = 100,
+    tax: int = 20,
+) -> dict[str, Any]:
+    return {
+        "account_id": account,
+        "product": product,
+        "billing_day": day,
+        "currency": CURRENCIES[product],
+        "transactions": transactions,
+        "quantity": Decimal(quantity),
+        "net": Decimal(net),
+        "tax": Decimal(tax),
+        "total": Decimal(net + tax),
+    }
+
+
+def result(
+    work_item_id: str, *rows: dict[str, Any], batch_id: str = "b1", transactions: int | None = None
+) -> WorkItemResult:
+    rows = rows or (partial(),)
+    table = pa.Table.from_pylist(list(rows), schema=PARTIAL_SCHEMA)
+    count = sum(int(r["transactions"]) for r in rows) if transactions is None else transactions
+    return WorkItemResult(work_item_id, batch_id, count, table)
+
+
+def manifest(
+    batch_id: str = "b1",
+    *,
+    work_items: int = 1,
+    accepted: int = 1,
+    rejects: list[dict[str, Any]] | None = None,
+    refused: str | None = None,
+    **phases: datetime | None,
+) -> Manifest:
+    table = pa.Table.from_pylist(rejects or [], schema=REJECT_SCHEMA)
+    return Manifest(
+        batch_id=batch_id,
+        source="batch.csv",
+        rows=accepted + table.num_rows,
+        accepted=accepted,
+        rejected=table.num_rows,
+        work_items=work_items,
+        pricebook_hash="pb",
+        taxes_hash="tx",
+        accepted_at=datetime.now(UTC) - timedelta(seconds=2),
+        rejects=table,
+        refused=refused,
+        **phases,
+    )
+
+
+def random_result(rng: random.Random, work_item_id: str, batch_id: str) -> WorkItemResult:
+    """A work item's partials: distinct keys, money up to 10^21 minor units a row (sums pass 2^63)."""
+    rows = []
+    for account, product, day in rng.sample(KEYS, rng.randint(1, 25)):
+        count = rng.randint(1, 1000)
+        net = rng.randint(0, 10**21) if rng.random() < 0.3 else rng.randint(0, 10**6)
+        quantity = Decimal(rng.randint(0, 10**15 * count)).scaleb(-6)
+        rows.append(
+            partial(account, product=product, day=day, transactions=count, quantity=quantity, net=net, tax=net // 7)
+        )
+    return result(work_item_id, *rows, batch_id=batch_id)
+
+
+def reference(results: list[WorkItemResult]) -> dict[Key, list[Any]]:
+    """Exact sums per key with Python ints and decimals, each work item counted once."""
+    sums: dict[Key, list[Any]] = {}
+    unique = {r.work_item_id: r for r in results}
+    with localcontext() as context:
+        context.prec = 100
+        for item in unique.values():
+            for row in item.partials.to_pylist():
+                key = (item.batch_id, row["account_id"], row["product"], row["billing_day"])
+                values = [
+                    row["currency"],
+                    row["transactions"],
+                    row["quantity"],
+                    *(int(row[c]) for c in ("net", "tax", "total")),
+                ]
+                current = sums.setdefault(key, [values[0], 0, Decimal(0), 0, 0, 0])
+                for i in range(1, 6):
+                    current[i] += values[i]
+    return sums
+
+
+def stored_text(store: Store) -> dict[Key, list[Any]]:
+    """Every aggregate row as the database holds it (decimals as their text, dates as ISO text)."""
+    query = sa.text(
+        "SELECT batch_id, account_id, product, CAST(billing_day AS TEXT), currency, transactions, "
+        "CAST(quantity AS TEXT), CAST(net AS TEXT), CAST(tax AS TEXT), CAST(total AS TEXT) FROM aggregates"
+    )
+    with store.engine.connect() as conn:
+        return {tuple(row[:4]): list(row[4:]) for row in conn.execute(query)}
+
+
+def canonical(sums: dict[Key, list[Any]]) -> dict[Key, list[Any]]:
+    """The reference as ``stored_text`` shows it: quantity with exactly six decimals, money as integers."""
+    with localcontext() as context:
+        context.prec = 100
+        return {
+            key: [currency, count, format(quantity.quantize(Decimal("0.000001")), "f"), *map(str, money)]
+            for key, (currency, count, quantity, *money) in sums.items()
+        }
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_fold_matches_the_exact_reference(store: Store, seed: int) -> None:
+    rng = random.Random(seed)
+    items = [random_result(rng, f"{batch}-w{i}", batch) for batch in ("b1", "b2") for i in range(60)]
+    poisoned = [items[3], items[70]]
+    manifests = [
+        manifest(batch, work_items=60, accepted=sum(r.transactions for r in items if r.batch_id == batch))
+        for batch in ("b1", "b2")
+    ]
+    store.apply(manifests[:1], [], [PoisonNotice(r.batch_id, r.work_item_id, "checksum_mismatch") for r in poisoned])
+    pending = [r for r in items if r not in poisoned]
+    rng.shuffle(pending)
+    pending += poisoned  # replayed last: recovered from the poison queue
+    sent: list[WorkItemResult] = []
+    while pending:
+        call = [pending.pop() for _ in range(min(len(pending), rng.randint(1, 12)))]
+        duplicates = rng.sample(sent, min(len(sent), rng.randint(0, 4))) + call[:1]  # across and within calls
+        outcome = store.apply(manifests if rng.random() < 0.2 else [], call + duplicates)
+        assert (outcome.new_items, outcome.duplicate_items) == (len(call), len(duplicates))
+        sent += call
+    store.apply(manifests, rng.sample(sent, 10))
+
+    want = reference(items)
+    assert max(values[3] for values in want.values()) > 2**63
+    assert stored_text(store) == canonical(want)
+    for batch in ("b1", "b2"):
+        status = store.batch(batch)
+        assert status is not None
+        assert (status.state, status.completed_items, status.poisoned_items) == ("complete", 60, 0)
+        assert status.transactions_recorded == sum(r.transactions for r in items if r.batch_id == batch)
+        frame = reports.aggregates(store, batch)
+        assert sum(frame["total"]) == sum(v[5] for k, v in want.items() if k[0] == batch)
+        assert all(type(v) is int for v in frame["net"])
+
+
+def test_sums_an_arrow_decimal_would_overflow_stay_exact(store: Store) -> None:
+    huge = 9 * 10**37  # with 10 more rows, rows x largest passes 10^38: summed wider, still exact
+    items = [result("w0", partial(net=huge, tax=0))] + [result(f"w{i}", partial(net=1, tax=0)) for i in range(1, 11)]
+    store.apply([manifest(work_items=11, accepted=11)], items)
+
+    row = reports.aggregates(store, "b1").iloc[0]
+    assert (row["net"], row["total"], row["transactions"]) == (huge + 10, huge + 10, 11)
+
+
+@pytest.mark.parametrize(
+    "rows",
+    [
+        [partial(net=9 * 10**37, tax=0), partial(net=9 * 10**37, tax=0)],  # passes NUMERIC(38, 0)
+        [partial(transactions=2**62), partial(transactions=2**62)],  # passes a 64-bit count
+    ],
+)
+def test_a_sum_beyond_the_stored_type_records_nothing(store: Store, rows: list[dict[str, Any]]) -> None:
+    store.apply([manifest(work_items=2, accepted=2)], [])
+    with pytest.raises(ValueError):
+        store.apply([], [result("w1", rows[0], transactions=1), result("w2", rows[1], transactions=1)])
+
+    status = store.batch("b1")
+    assert status is not None and (status.completed_items, status.transactions_recorded) == (0, 0)
+    assert reports.aggregates(store, "b1").empty
+
+
+def test_refusal_after_results_forgets_the_batch(store: Store) -> None:
+    store.apply([manifest("other", work_items=1, accepted=1)], [result("o1", batch_id="other")])
+    store.apply([], [result("w1", partial(net=10**20)), result("w2", partial("acct-2"))])
+    store.apply([], [], [PoisonNotice("b1", "w4", "checksum_mismatch")])
+    assert not reports.aggregates(store, "b1").empty
+    rejected = [{"row": 3, "reason": "invalid_quantity", "raw": "{}"}]
+
+    outcome = store.apply(
+        [manifest(work_items=0, accepted=0, rejects=rejected, refused="file is not UTF-8 past row 2000")],
+        [result("w3"), result("w1")],  # after the refusal in the same call: recorded, not counted
+    )
+
+    assert (outcome.new_items, outcome.duplicate_items, outcome.completed_batches) == (1, 1, [])
+    status = store.batch("b1")
+    assert status is not None
+    assert (status.state, status.refused_reason, status.transactions_recorded, status.completed_items) == (
+        "refused",
+        "file is not UTF-8 past row 2000",
+        0,
+        3,
+    )
+    assert reports.aggregates(store, "b1").empty and reports.invoices(store, "b1").empty
+    assert reports.rejects(store, "b1").empty
+
+    late = store.apply([], [result("w5", partial(net=7)), result("w4"), result("w2"), result("w5")])
+    assert (late.new_items, late.duplicate_items) == (2, 2)  # new, recovered from poison; duplicates
+    again = store.apply([manifest(work_items=5, accepted=5)], [result("w5")])  # a later manifest changes nothing
+    assert (again.new_items, again.duplicate_items) == (0, 1)
+    status = store.batch("b1")
+    assert status is not None
+    assert (status.state, status.transactions_recorded, status.completed_items, status.poisoned_items) == (
+        "refused",
+        0,
+        5,
+        0,
+    )
+    assert reports.aggregates(store, "b1").empty and reports.invoices(store, "b1").empty
+    assert list(reports.aggregates(store, "other")["total"]) == [120]  # another batch keeps its counts
+
+
+def test_phase_timestamps_round_trip(store: Store) -> None:
+    plus_two = timezone(timedelta(hours=2))
+    phases = {
+        "uploaded_at": datetime(2026, 3, 2, 10, 0, 0, 123456, tzinfo=plus_two),
+        "first_item_sent_at": datetime(2026, 3, 2, 8, 0, 1, tzinfo=UTC),
+        "last_item_sent_at": datetime(2026, 3, 2, 8, 0, 4, 500000, tzinfo=UTC),
+        "debatched_at": datetime(2026, 3, 2, 10, 0, 5, tzinfo=plus_two),
+    }
+    store.apply([manifest("b1", **phases), manifest("b2", uploaded_at=phases["uploaded_at"])], [])
+
+    status = store.batch("b1")
+    assert status is not None
+    for name, value in phases.items():
+        stored = getattr(status, name)
+        assert stored == value and stored.utcoffset() == timedelta(0)
+        assert status.to_json_dict()[name] == value.astimezone(UTC).isoformat()
+    other = store.batch("b2")
+    assert other is not None and other.uploaded_at == phases["uploaded_at"]
+    assert (other.first_item_sent_at, other.last_item_sent_at, other.debatched_at) == (None, None, None)
+    assert other.to_json_dict()["debatched_at"] is None
+
+
+def test_migration_0004_adds_empty_phases_to_existing_batches(sql_url: str) -> None:
+    with Store(sql_url, migrate=False) as store:
+        config = Config()
+        config.set_main_option("script_location", str(MIGRATIONS))
+        with store.engine.begin() as conn:
+            config.attributes["connection"] = conn
+            command.upgrade(config, "0003")
+            conn.execute(
+                sa.text(
+                    "INSERT INTO batches (batch_id, source, state, rows, accepted, rejected, completed_items, "
+                    "poisoned_items, transactions_recorded, updated_at) "
+                    "VALUES ('old', 'a.csv', 'processing', 0, 0, 0, 0, 0, 0, CURRENT_TIMESTAMP)"
+                )
+            )
+        store.migrate()
+        status = store.batch("old")
+    assert status is not None and (status.uploaded_at, status.debatched_at) == (None, None)
