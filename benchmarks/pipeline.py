@@ -11,12 +11,17 @@ and SQLite under a scratch home. Prints one table, writes it as JSON and draws a
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
+import os
+import re
+import resource
+import subprocess
+import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
@@ -24,15 +29,16 @@ from pydantic import SecretStr
 from rich.console import Console
 from rich.table import Table
 
-from billing import client, cost, progress
+from billing import cost
 from billing.demo import role_processes
 from billing.stack import AzuriteStack
-from controller.store import Store
+from controller.store import BatchStatus, Store
 from shared.messaging.service import STATE_INTERVAL
 from shared.rules.sample import generate, write_price_book, write_tax_table
 from shared.settings import Settings
 
 from . import listener as listenbench
+from .cpu import tree_cpu_seconds
 
 Mode = Literal["optimised", "naive"]
 
@@ -48,6 +54,10 @@ NAIVE: dict[str, Any] = {
 }
 #: How long a run waits for the roles to be idle before and after its batch (pull mode never is).
 SETTLE_SECONDS: dict[str, float] = {"optimised": 30.0, "naive": 3.0}
+#: A batch's phases, in order, as its status records them.
+PHASES = ("accepted_at", "uploaded_at", "first_item_sent_at", "last_item_sent_at", "debatched_at", "completed_at")
+#: Throughput targets the capacity table sizes each role for (transactions per second).
+CAPACITY_TARGETS = (100_000, 1_000_000, 10_000_000)
 SCALING_PARTITIONS = (1, 2, 4, 8)
 SCALING_PROCESSORS = (1, 2, 3)
 
@@ -60,8 +70,12 @@ class PipelineRun:
     processors: int
     accepted: int
     work_items: int
-    latency_seconds: float
+    submit_to_complete_seconds: float  # what the user waits: `billing submit --wait`, start to exit
+    submit_transactions_per_second: float
+    latency_seconds: float  # accepted → complete, as the batch's status says
     transactions_per_second: float
+    phases: dict[str, float]  # seconds from the start of `billing submit` to each phase
+    cpu_seconds: dict[str, float]  # CPU seconds each role (and Azurite, and the client) spent on the batch
     storage_requests: int
     requests_per_1000: float
     setup_requests: int  # before the batch: creating queues and containers, polls until the roles were idle
@@ -73,7 +87,8 @@ class PipelineRun:
 
 @dataclass(frozen=True)
 class BenchReport:
-    main: PipelineRun
+    main: PipelineRun  # the median of ``main_runs`` by submit → complete
+    main_runs: list[PipelineRun]
     optimised: PipelineRun
     naive: PipelineRun
     listener: listenbench.ListenerBench
@@ -96,7 +111,8 @@ def monthly_costs(
 def run_pipeline(
     rows: int, *, data_dir: Path, console: Console, mode: Mode = "optimised", partitions: int = 4, processors: int = 1
 ) -> PipelineRun:
-    """Generate (or reuse) a ``rows``-row CSV and time it through a fresh local pipeline."""
+    """Generate (or reuse) a ``rows``-row CSV and time it through a fresh local pipeline, submitted
+    as a user does: ``billing submit FILE --wait`` in its own process, timed from start to exit."""
     batch = _batch_file(rows, data_dir, console)
     with tempfile.TemporaryDirectory(prefix="billing-bench-") as scratch:
         home = Path(scratch)
@@ -109,19 +125,21 @@ def run_pipeline(
         )
         try:
             settle = SETTLE_SECONDS[mode]
-            with role_processes(settings, home / "logs", processors=processors):
+            with role_processes(settings, home / "logs", processors=processors) as processes:
                 before = _settled(home, roles=2 + processors, timeout=settle)
-                submission = asyncio.run(
-                    client.submit(settings, batch, pricebook=data_dir / "pricebook.csv", taxes=data_dir / "taxes.csv")
-                )
+                cpu_before = _cpu(processes, stack)
+                submitted, waited, client_cpu, client_requests = _submit_and_wait(settings, batch, data_dir)
                 with Store(settings.sql_url_value) as store:
-                    status = progress.wait_with_progress(store, submission.batch_id, console=console)
+                    status = store.batch(_batch_id(waited))
+                assert status is not None and status.state == "complete", f"the batch did not complete: {waited}"
+                cpu = {role: seconds - cpu_before[role] for role, seconds in _cpu(processes, stack).items()}
+                cpu["client (billing submit)"] = client_cpu
                 time.sleep(STATE_INTERVAL + 0.5)  # no stale state file shows the roles idle
                 _settled(home, roles=2 + processors, timeout=settle)  # the wake-ups' trailing polls count too
             states = [json.loads(p.read_text()) for p in sorted((home / "state").glob("*.json"))]
         finally:
             stack.stop()
-    by_kind: dict[str, int] = dict(submission.requests)
+    by_kind: dict[str, int] = {"client (billing submit)": client_requests}
     rss: dict[str, float] = {}
     for state in states:
         for kind, count in state["requests"].items():
@@ -129,7 +147,7 @@ def run_pipeline(
         rss[state["role"]] = max(state["peak_rss_mib"], rss.get(state["role"], 0.0))
         if state["role"] == "processor":  # its rating workers, reaped by the time the final state is written
             rss["rating worker"] = max(state["peak_child_rss_mib"], rss.get("rating worker", 0.0))
-    total = by_kind.pop("total")
+    total = by_kind.pop("total") + client_requests
     setup = before  # creating queues and containers, and polls until every listener was idle
     latency = float(status.latency_seconds or 0.0)
     return PipelineRun(
@@ -139,8 +157,12 @@ def run_pipeline(
         processors=processors,
         accepted=status.accepted,
         work_items=status.work_items or 0,
+        submit_to_complete_seconds=round(waited.seconds, 2),
+        submit_transactions_per_second=round(status.accepted / waited.seconds),
         latency_seconds=round(latency, 2),
         transactions_per_second=round(status.accepted / latency) if latency else 0.0,
+        phases=_phases(status, submitted),
+        cpu_seconds={role: round(seconds, 2) for role, seconds in cpu.items()},
         storage_requests=total,
         requests_per_1000=round(1000 * total / max(1, status.accepted), 3),
         setup_requests=setup,
@@ -149,6 +171,54 @@ def run_pipeline(
         requests_by_kind=by_kind,
         peak_rss_mib=rss,
     )
+
+
+@dataclass(frozen=True)
+class _Waited:
+    """One ``billing submit --wait``: what it printed and how long the user waited."""
+
+    stdout: str
+    seconds: float
+
+
+def _submit_and_wait(settings: Settings, batch: Path, data_dir: Path) -> tuple[datetime, _Waited, float, int]:
+    """Run ``billing submit --wait`` as its own process: when it started, what it printed and how
+    long it ran, its CPU seconds and the storage requests it reported."""
+    command = [sys.executable, "-m", "billing", "submit", str(batch), "--wait"]
+    command += ["--pricebook", str(data_dir / "pricebook.csv"), "--taxes", str(data_dir / "taxes.csv")]
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    submitted, started = datetime.now(UTC), time.monotonic()
+    done = subprocess.run(command, env={**os.environ, **settings.as_env()}, capture_output=True, text=True)
+    waited = _Waited(done.stdout, time.monotonic() - started)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if done.returncode != 0:
+        raise RuntimeError(f"billing submit --wait failed ({done.returncode}): {done.stderr[-2000:]}")
+    cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+    requests = re.search(r"; (\d+) storage requests\)", done.stdout)
+    return submitted, waited, cpu, int(requests.group(1)) if requests else 0
+
+
+def _batch_id(waited: _Waited) -> str:
+    found = re.search(r"^batch (\S+) submitted", waited.stdout, re.MULTILINE)
+    if found is None:
+        raise RuntimeError(f"billing submit printed no batch id: {waited.stdout[-2000:]}")
+    return found.group(1)
+
+
+def _phases(status: BatchStatus, submitted: datetime) -> dict[str, float]:
+    """Seconds from the moment ``billing submit`` started to each phase the batch went through."""
+    moments = {name: getattr(status, name) for name in PHASES}
+    return {name: round((moment - submitted).total_seconds(), 3) for name, moment in moments.items() if moment}
+
+
+def _cpu(processes: list[subprocess.Popen[bytes]], stack: AzuriteStack) -> dict[str, float]:
+    """CPU seconds so far of each role (its rating workers with the processor) and of Azurite."""
+    cpu: dict[str, float] = {}
+    for process in processes:
+        role = process.args[-1] if isinstance(process.args, list) else str(process.args)
+        cpu[str(role)] = cpu.get(str(role), 0.0) + tree_cpu_seconds(process.pid)
+    cpu["azurite"] = tree_cpu_seconds(stack.pid) if stack.pid else 0.0
+    return cpu
 
 
 def _settled(home: Path, *, roles: int, timeout: float) -> int:
@@ -161,7 +231,7 @@ def _settled(home: Path, *, roles: int, timeout: float) -> int:
             with contextlib.suppress(OSError, ValueError):
                 states.append(json.loads(path.read_text()))
         listeners = [listener for state in states for listener in state["listeners"]]
-        idle = len(states) == roles and all(not l["active_tasks"] and l["idle_polls"] for l in listeners)
+        idle = len(states) == roles and all(not t["active_tasks"] and t["idle_polls"] for t in listeners)
         if idle or time.monotonic() >= deadline:
             return sum(int(state["requests"]["total"]) for state in states)
         time.sleep(0.5)
@@ -187,10 +257,13 @@ def run(
     data_dir: Path,
     output: Path,
     console: Console,
+    repeat: int = 3,
 ) -> BenchReport:
-    """Every measurement; prints the table, writes ``output`` (JSON) and the chart next to it (PNG)."""
+    """Every measurement; prints the tables, writes ``output`` (JSON), the chart next to it (PNG) and
+    the large batch's timeline (``<output>-timeline.png``). The large batch runs ``repeat`` times and
+    the median run (by submit → complete) is the one reported."""
     started = time.monotonic()
-    main = run_pipeline(rows, data_dir=data_dir, console=console)
+    main, main_runs = _main_runs(rows, repeat=repeat, data_dir=data_dir, console=console)
     optimised = run_pipeline(compare_rows, data_dir=data_dir, console=console)
     with console.status(f"naive design, {compare_rows:,} transactions"):
         naive = run_pipeline(compare_rows, data_dir=data_dir, console=console, mode="naive")
@@ -204,13 +277,46 @@ def run(
         if scaling_rows
         else []
     )
-    report = BenchReport(main, optimised, naive, listener, scaling, monthly_costs(main, naive, listener))
+    report = BenchReport(main, main_runs, optimised, naive, listener, scaling, monthly_costs(main, naive, listener))
     _print(report, console)
     output.write_text(json.dumps(asdict(report), indent=2))
-    chart = output.with_suffix(".png")
+    chart, timeline = output.with_suffix(".png"), output.with_name(f"{output.stem}-timeline.png")
     _chart(report, chart)
-    console.print(f"wrote {output} and {chart} in {time.monotonic() - started:.0f} s")
+    _timeline(main, timeline)
+    console.print(f"wrote {output}, {chart} and {timeline} in {time.monotonic() - started:.0f} s")
     return report
+
+
+def run_main(*, rows: int, repeat: int, data_dir: Path, output: Path, console: Console) -> PipelineRun:
+    """Only the large batch, ``repeat`` times: its table, CPU per role, JSON (all runs) and timeline."""
+    main, main_runs = _main_runs(rows, repeat=repeat, data_dir=data_dir, console=console)
+    table = Table(title=f"{rows:,} transactions, {repeat} runs (local Azurite + SQLite, this machine)")
+    for column in ("run", "submit → complete s", "tx/s", "accepted → complete s", "requests / 1,000 tx"):
+        table.add_column(column, justify="right")
+    for number, run_ in enumerate(main_runs, start=1):
+        table.add_row(
+            f"{number}{' (median)' if run_ is main else ''}",
+            f"{run_.submit_to_complete_seconds:.2f}",
+            f"{run_.submit_transactions_per_second:,.0f}",
+            f"{run_.latency_seconds:.2f}",
+            f"{run_.requests_per_1000:.2f}",
+        )
+    console.print(table)
+    console.print(_capacity(main))
+    output.write_text(json.dumps({"main": asdict(main), "main_runs": [asdict(r) for r in main_runs]}, indent=2))
+    timeline = output.with_name(f"{output.stem}-timeline.png")
+    _timeline(main, timeline)
+    console.print(f"wrote {output} and {timeline}")
+    return main
+
+
+def _main_runs(rows: int, *, repeat: int, data_dir: Path, console: Console) -> tuple[PipelineRun, list[PipelineRun]]:
+    """The large batch ``repeat`` times: the median run by submit → complete, and all of them."""
+    runs = []
+    for attempt in range(repeat):
+        with console.status(f"{rows:,} transactions, run {attempt + 1} of {repeat}"):
+            runs.append(run_pipeline(rows, data_dir=data_dir, console=console))
+    return sorted(runs, key=lambda r: r.submit_to_complete_seconds)[(len(runs) - 1) // 2], runs
 
 
 def _print(report: BenchReport, console: Console) -> None:
@@ -220,8 +326,10 @@ def _print(report: BenchReport, console: Console) -> None:
         table.add_column(f"{run_.mode}, {run_.rows:,} tx", justify="right")
     runs = (report.main, report.optimised, report.naive)
     rows: list[tuple[str, list[str]]] = [
+        ("submit → complete s (`billing submit --wait`)", [f"{r.submit_to_complete_seconds:.1f}" for r in runs]),
+        ("transactions / s (submit → complete)", [f"{r.submit_transactions_per_second:,.0f}" for r in runs]),
+        ("accepted → complete s (batch status)", [f"{r.latency_seconds:.1f}" for r in runs]),
         ("transactions / s (accepted → complete)", [f"{r.transactions_per_second:,.0f}" for r in runs]),
-        ("batch latency s", [f"{r.latency_seconds:.1f}" for r in runs]),
         ("storage requests", [f"{r.storage_requests:,}" for r in runs]),
         ("storage requests / 1,000 tx", [f"{r.requests_per_1000:,.2f}" for r in runs]),
         ("  the batch's own (submit → idle again)", [f"{r.work_requests_per_1000:,.2f}" for r in runs]),
@@ -254,6 +362,12 @@ def _print(report: BenchReport, console: Console) -> None:
     for label, values in rows:
         table.add_row(label, *values)
     console.print(table)
+    if len(report.main_runs) > 1:
+        each = ", ".join(f"{r.submit_to_complete_seconds:.1f}" for r in report.main_runs)
+        console.print(
+            f"{report.main.rows:,} transactions, submit → complete over {len(report.main_runs)} runs: {each} s"
+        )
+    console.print(_capacity(report.main))
     ratio = report.naive.work_requests_per_1000 / report.optimised.work_requests_per_1000
     console.print(f"on the same batch the naive design makes {ratio:,.0f}× the storage requests per transaction")
     if report.scaling:
@@ -264,6 +378,57 @@ def _print(report: BenchReport, console: Console) -> None:
         for n in SCALING_PROCESSORS:
             curve.add_row(str(n), *(f"{r.transactions_per_second:,.0f}" for r in report.scaling if r.processors == n))
         console.print(curve)
+
+
+def capacity(run: PipelineRun) -> dict[str, dict[str, float]]:
+    """Per role: CPU seconds per 1,000,000 transactions, and the cores it needs for each target rate."""
+    table = {}
+    for role, seconds in run.cpu_seconds.items():
+        per_million = seconds * 1_000_000 / max(1, run.accepted)
+        table[role] = {"cpu_seconds_per_million": round(per_million, 2)} | {
+            f"cores_at_{target}": round(per_million * target / 1_000_000, 1) for target in CAPACITY_TARGETS
+        }
+    return table
+
+
+def _capacity(run: PipelineRun) -> Table:
+    table = Table(title=f"CPU per role ({run.rows:,} transactions) and the cores each needs for a target rate")
+    table.add_column("role")
+    table.add_column("CPU s", justify="right")
+    table.add_column("CPU s / 1 M tx", justify="right")
+    for target in CAPACITY_TARGETS:
+        table.add_column(f"cores at {target:,} tx/s", justify="right")
+    for role, figures in sorted(capacity(run).items(), key=lambda item: -item[1]["cpu_seconds_per_million"]):
+        cores = [f"{figures[f'cores_at_{target}']:,.1f}" for target in CAPACITY_TARGETS]
+        table.add_row(role, f"{run.cpu_seconds[role]:.1f}", f"{figures['cpu_seconds_per_million']:.2f}", *cores)
+    return table
+
+
+def _timeline(run: PipelineRun, path: Path) -> None:
+    """One batch's phases as bars per role, in seconds from the start of ``billing submit``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    p = run.phases
+    done = p["completed_at"]
+    spans = [
+        ("client: check, hash, upload", 0.0, p.get("uploaded_at", p["accepted_at"])),
+        ("initiator: read, validate, send", p.get("uploaded_at", p["accepted_at"]), p.get("debatched_at", done)),
+        ("processors and controller: rate, record", p.get("first_item_sent_at", done), done),
+        ("billing submit --wait (what the user waits)", 0.0, run.submit_to_complete_seconds),
+    ]
+    figure, axes = plt.subplots(figsize=(10, 3))
+    for row, (_, begin, end) in enumerate(reversed(spans)):
+        axes.barh(row, end - begin, left=begin, color=f"C{row}")
+        axes.text(end, row, f" {end:.1f} s", va="center")
+    axes.set_yticks(range(len(spans)), [label for label, _, _ in reversed(spans)])
+    axes.set_xlabel("seconds since `billing submit` started")
+    axes.set_title(f"{run.accepted:,} transactions, submit → complete {run.submit_to_complete_seconds:.1f} s")
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
 
 
 def _chart(report: BenchReport, path: Path) -> None:

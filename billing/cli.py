@@ -107,7 +107,7 @@ def submit(
     if outcome.duplicate:
         click.echo(f"batch {outcome.batch_id} was already submitted; nothing changed")
     else:
-        click.echo(f"batch {outcome.batch_id} submitted ({outcome.fmt})")
+        click.echo(f"batch {outcome.batch_id} submitted ({outcome.fmt}; {outcome.requests['total']} storage requests)")
     if wait:
         with Store(settings.sql_url_value) as store:
             status = progress.wait_with_progress(store, outcome.batch_id, console=console, timeout=timeout)
@@ -143,7 +143,8 @@ def status(batch_id: str | None, as_json: bool) -> None:
         click.echo(f"{state['role']} pid={state['pid']} dequeue_tasks={tasks} storage_requests={state['requests']}")
         for destination, route in state["failover"].items():
             click.echo(
-                f"  {destination}: {route['health']} (failovers={route['failovers']}, sent to backlog={route['backlog_sent']})"
+                f"  {destination}: {route['health']} "
+                f"(failovers={route['failovers']}, sent to backlog={route['backlog_sent']})"
             )
     for queue, depth in backlog.items():
         click.echo(f"backlog {queue}: {depth} message(s)")
@@ -279,11 +280,28 @@ def bench_listener_command(trials: int, idle_seconds: float, output: Path) -> No
 @click.option("--scaling-rows", type=int, help="Also measure partitions 1/2/4/8 × processors 1/2/3 with this batch.")
 @click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path), default=Path(".billing/bench-data"))
 @click.option("--output", type=click.Path(dir_okay=False, path_type=Path), default=Path("bench-results.json"))
+@click.option(
+    "--repeat", type=click.IntRange(1), default=3, show_default=True, help="Runs of the large batch (median)."
+)
+@click.option("--main-only", is_flag=True, help="Only the large batch: no naive design, listener or scaling runs.")
 def bench_command(
-    rows: int, compare_rows: int, idle_seconds: float, scaling_rows: int | None, data_dir: Path, output: Path
+    rows: int,
+    compare_rows: int,
+    idle_seconds: float,
+    scaling_rows: int | None,
+    data_dir: Path,
+    output: Path,
+    repeat: int,
+    main_only: bool,
 ) -> None:
-    """Measure the pipeline against the naive design: throughput, requests, idle cost, memory (JSON + PNG)."""
-    _benchmark("pipeline").run(
+    """Measure the pipeline against the naive design: submit → complete, throughput, CPU per role,
+    requests, idle cost, memory (JSON + PNG charts)."""
+    bench = _benchmark("pipeline")
+    if main_only:
+        bench.run_main(rows=rows, repeat=repeat, data_dir=data_dir, output=output, console=console)
+        return
+    bench.run(
+        repeat=repeat,
         rows=rows,
         compare_rows=compare_rows,
         idle_seconds=idle_seconds,

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
+import io
 import logging
 import re
 import time
@@ -29,6 +31,9 @@ from shared.settings import Settings
 
 log = logging.getLogger(__name__)
 
+#: How much of a file ``billing submit`` reads to refuse it early (the initiator reads the rest).
+HEAD_BYTES = 1 << 20
+
 #: Batch ids name blobs and prefixes (a ``/`` would nest one batch's blobs inside another's).
 BATCH_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 
@@ -50,11 +55,24 @@ def file_digest(path: Path) -> str:
     return digest.hexdigest()
 
 
-def check_readable(path: Path, fmt: str) -> None:
-    """Read the whole file once; raises :class:`~shared.errors.FileRefused` if it cannot be read."""
+def check_head(path: Path, fmt: str) -> None:
+    """Refuse, cheaply, a file that is unreadable from its start (wrong format, bad header, bad first
+    rows): read at most :data:`HEAD_BYTES` of it. What lies further is the initiator's to refuse."""
     with path.open("rb") as file:
-        for _ in read_chunks(file, fmt):
+        if fmt == "parquet":  # its schema is in the footer; the first rows of the first row group
+            next(read_chunks(file, fmt, chunk_rows=1000), None)
+            return
+        head = file.read(HEAD_BYTES)
+        whole = len(head) < HEAD_BYTES
+    if not whole:
+        head = head[: head.rfind(b"\n") + 1]
+    try:
+        for _ in read_chunks(io.BytesIO(head), fmt):
             pass
+    except FileRefused as exc:
+        # A cut inside a quoted field is the cut's doing, not the file's.
+        if whole or "unexpected end of data" not in str(exc):
+            raise
 
 
 async def submit(
@@ -75,7 +93,7 @@ async def submit(
         )
     with path.open("rb") as file:
         fmt = detect_format(path.name, file.read(4096))
-    await asyncio.to_thread(check_readable, path, fmt)
+    await asyncio.to_thread(check_head, path, fmt)
     pricebook_bytes = pricebook.read_bytes() if pricebook else sample_price_book_bytes()
     taxes_bytes = taxes.read_bytes() if taxes else sample_tax_table_bytes()
     load_price_book(pricebook_bytes)  # refuse invalid reference data before anything is stored
@@ -106,6 +124,7 @@ async def submit(
                     )
             except ResourceExistsError:
                 return Submission(batch_id, fmt, duplicate=True, requests=storage.counter.snapshot())
+            request = dataclasses.replace(request, uploaded_at=datetime.now(UTC))
             claim_check = ClaimCheck(storage, container=settings.work_container, limit=settings.max_message_bytes)
             await claim_check.send(
                 settings.requests_queue, request_envelope(request), blob_name=batch_blob(batch_id, "request")

@@ -182,6 +182,12 @@ class AzuriteStack:
         state = self._live_state()
         return None if state is None else str(state["connection_string"])
 
+    @property
+    def pid(self) -> int | None:
+        """The running Azurite's process id, or ``None``."""
+        state = self._live_state()
+        return None if state is None else int(str(state["pid"]))
+
     def _ports(self) -> tuple[int, int, int]:
         wanted = [self.blob_port, self.queue_port]
         spare = iter(p for p in free_ports(3, self.host) if p not in wanted)

@@ -1,16 +1,14 @@
-"""Debatching: stream a batch file, validate every row, cut accepted rows into work items.
+"""Debatching: validate a batch file's rows as they stream in and cut accepted rows into work items.
 
-This part is synchronous CPU work (run it in a thread). Encoded work items go to a spool file so
-that nothing is enqueued before the whole file has been read: a file that turns out unreadable
-half-way is refused whole.
+This part is synchronous CPU work (run it in a thread). Work items are yielded as soon as they are
+cut, so they are rated while the rest of the file is still arriving. Whether the whole file can be
+read is known only at its end: a :class:`~shared.errors.FileRefused` then refuses the batch, and
+the controller leaves nothing of it counted, whatever was already sent.
 """
 
 from __future__ import annotations
 
-import struct
 from collections.abc import Iterator
-from dataclasses import dataclass
-from pathlib import Path
 from typing import BinaryIO
 
 import pyarrow as pa
@@ -21,66 +19,61 @@ from shared.rules.reference import PriceBook, TaxTable
 from shared.rules.schemas import REJECT_SCHEMA
 from shared.rules.validation import TransactionIdSet, validate
 
-_RECORD = struct.Struct("<II")  # rows, payload size
+#: Read blocks of this many rows: small enough that the first work item leaves early.
+_CHUNK_ROWS = 8192
 
 
-@dataclass(frozen=True)
-class DebatchOutcome:
-    rows: int
-    accepted: int
-    work_items: int
-    rejects: pa.Table
+class Debatch:
+    """Cuts one batch file into encoded work items of at most ``work_item_size`` transactions.
+
+    Items shrink when one encodes to more than ``inline_bytes`` (it still goes, by claim check), so
+    that the following ones fit a queue message. The counts are final once :meth:`items` is
+    exhausted.
+    """
+
+    def __init__(self, price_book: PriceBook, tax_table: TaxTable, *, work_item_size: int, inline_bytes: int) -> None:
+        self._price_book = price_book
+        self._tax_table = tax_table
+        self._item_rows = work_item_size
+        self._inline_bytes = inline_bytes
+        self._rejects: list[pa.Table] = []
+        self.rows = self.accepted = self.work_items = 0
 
     @property
     def rejected(self) -> int:
-        return self.rejects.num_rows
+        return sum(table.num_rows for table in self._rejects)
 
+    @property
+    def rejects(self) -> pa.Table:
+        """Every rejected row so far (``REJECT_SCHEMA``)."""
+        return pa.concat_tables(self._rejects).cast(REJECT_SCHEMA) if self._rejects else REJECT_SCHEMA.empty_table()
 
-def debatch(
-    path: Path,
-    fmt: str,
-    price_book: PriceBook,
-    tax_table: TaxTable,
-    *,
-    work_item_size: int,
-    spool: BinaryIO,
-) -> DebatchOutcome:
-    """Validate ``path`` and write its work items, encoded, to ``spool``."""
-    seen = TransactionIdSet()
-    pending: list[pa.Table] = []
-    pending_rows = rows = accepted = work_items = 0
-    rejects: list[pa.Table] = []
-
-    def flush(size: int) -> None:
-        nonlocal pending, pending_rows, work_items
-        table = pa.concat_tables(pending).combine_chunks()
-        item, rest = table.slice(0, size), table.slice(size)
-        payload = encode_table(item)
-        spool.write(_RECORD.pack(item.num_rows, len(payload)))
-        spool.write(payload)
-        work_items += 1
-        pending, pending_rows = ([rest] if rest.num_rows else []), rest.num_rows
-
-    with path.open("rb") as source:
-        for chunk in read_chunks(source, fmt):
-            rows += chunk.num_rows
-            good, bad = validate(chunk, price_book, tax_table, seen)
+    def items(self, source: BinaryIO, fmt: str) -> Iterator[tuple[int, bytes]]:
+        """Yield ``(transactions, encoded transactions)`` per work item, in file order."""
+        seen = TransactionIdSet()
+        pending: list[pa.Table] = []
+        pending_rows = 0
+        for chunk in read_chunks(source, fmt, chunk_rows=_CHUNK_ROWS):
+            self.rows += chunk.num_rows
+            good, bad = validate(chunk, self._price_book, self._tax_table, seen)
             if bad.num_rows:
-                rejects.append(bad)
-            if good.num_rows:
-                accepted += good.num_rows
-                pending.append(good)
-                pending_rows += good.num_rows
-                while pending_rows >= work_item_size:
-                    flush(work_item_size)
-    if pending_rows:
-        flush(pending_rows)
-    all_rejects = pa.concat_tables(rejects).cast(REJECT_SCHEMA) if rejects else REJECT_SCHEMA.empty_table()
-    return DebatchOutcome(rows=rows, accepted=accepted, work_items=work_items, rejects=all_rejects)
+                self._rejects.append(bad)
+            if not good.num_rows:
+                continue
+            self.accepted += good.num_rows
+            pending.append(good)
+            pending_rows += good.num_rows
+            while pending_rows >= self._item_rows:
+                table = pa.concat_tables(pending)
+                yield self._cut(table.slice(0, self._item_rows))
+                rest = table.slice(self._item_rows)
+                pending, pending_rows = [rest], rest.num_rows
+        if pending_rows:
+            yield self._cut(pa.concat_tables(pending))
 
-
-def read_spool(spool: BinaryIO) -> Iterator[tuple[int, bytes]]:
-    """The work items :func:`debatch` wrote, in order: (rows, encoded transactions)."""
-    while header := spool.read(_RECORD.size):
-        rows, size = _RECORD.unpack(header)
-        yield rows, spool.read(size)
+    def _cut(self, item: pa.Table) -> tuple[int, bytes]:
+        encoded = encode_table(item.combine_chunks())
+        self.work_items += 1
+        if len(encoded) > self._inline_bytes and item.num_rows > 1:
+            self._item_rows = max(1, min(self._item_rows, int(item.num_rows * self._inline_bytes * 0.9 / len(encoded))))
+        return item.num_rows, encoded

@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import io
+import itertools
 import logging
 import tempfile
-from collections.abc import Mapping
-from pathlib import Path
+from collections.abc import AsyncIterator, Iterator, Mapping
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import BinaryIO
 
 from azure.core.exceptions import ResourceNotFoundError
@@ -24,9 +29,27 @@ from shared.rules.reference import load_price_book, load_tax_table
 from shared.rules.schemas import REJECT_SCHEMA
 from shared.settings import Settings
 
-from .debatch import DebatchOutcome, debatch, read_spool
+from .debatch import Debatch
+from .pipe import BlockPipe
 
 log = logging.getLogger(__name__)
+
+
+#: Room a work item's envelope needs beside its payload (headers, framing, the stamp).
+ENVELOPE_ALLOWANCE = 2048
+
+
+@dataclass
+class _Phases:
+    """When one batch's work items went out."""
+
+    first_item_sent_at: datetime | None = None
+    last_item_sent_at: datetime | None = None
+    debatched_at: datetime | None = None
+
+    def sent(self) -> None:
+        self.last_item_sent_at = datetime.now(UTC)
+        self.first_item_sent_at = self.first_item_sent_at or self.last_item_sent_at
 
 
 class Initiator(Service):
@@ -61,48 +84,71 @@ class Initiator(Service):
         return poisoned
 
     async def initiate(self, request: BatchRequest) -> Manifest:
-        """Debatch one submitted file and enqueue its work items, then its manifest."""
-        with tempfile.TemporaryDirectory(prefix="billing-initiator-") as scratch:
-            path = Path(scratch) / "batch"
-            spool_path = Path(scratch) / "spool"
-            try:
-                await self._download(request.blob_name, path)
-                price_book = load_price_book(await self.references.get(PRICEBOOK, request.pricebook_hash))
-                tax_table = load_tax_table(await self.references.get(TAXES, request.taxes_hash))
-                with spool_path.open("w+b") as spool:
-                    outcome = await asyncio.to_thread(
-                        debatch,
-                        path,
-                        request.fmt,
-                        price_book,
-                        tax_table,
-                        work_item_size=self.settings.work_item_size,
-                        spool=spool,
-                    )
-                    spool.seek(0)
-                    await self._enqueue(request, spool)
-            except InputError as exc:
-                if isinstance(exc, PoisonMessage) and exc.reason != "unknown_reference_data":
-                    raise
-                log.warning("batch %s refused: %s", request.batch_id, exc)
-                return await self._report(request, None, refused=str(exc))
-        return await self._report(request, outcome)
+        """Debatch one submitted file: work items go out while it streams in, then its manifest.
 
-    async def _download(self, blob_name: str, path: Path) -> None:
+        A file found unreadable part-way is refused whole: its manifest says so, and the controller
+        leaves nothing of the batch counted, even what was already sent.
+        """
+        phases = _Phases()
         try:
-            stream = await self.storage.container(self.settings.inbox_container).download_blob(blob_name)
-        except ResourceNotFoundError as exc:
-            raise PoisonMessage("missing_batch_file", f"inbox blob {blob_name} not found") from exc
-        with path.open("wb") as file:
-            async for chunk in stream.chunks():
-                file.write(chunk)
+            price_book = load_price_book(await self.references.get(PRICEBOOK, request.pricebook_hash))
+            tax_table = load_tax_table(await self.references.get(TAXES, request.taxes_hash))
+            debatch = Debatch(
+                price_book,
+                tax_table,
+                work_item_size=self.settings.work_item_size,
+                inline_bytes=(self.settings.max_message_bytes - ENVELOPE_ALLOWANCE) * 3 // 4,
+            )
+            async with self._inbox_file(request) as source:
+                await self._enqueue(request, debatch.items(source, request.fmt), phases)
+        except InputError as exc:
+            if isinstance(exc, PoisonMessage) and exc.reason != "unknown_reference_data":
+                raise
+            log.warning("batch %s refused: %s", request.batch_id, exc)
+            return await self._report(request, None, phases, refused=str(exc))
+        return await self._report(request, debatch, phases)
 
-    async def _enqueue(self, request: BatchRequest, spool: BinaryIO) -> None:
-        """Send every spooled work item, round-robin over the input queues, a bounded number at once."""
+    @asynccontextmanager
+    async def _inbox_file(self, request: BatchRequest) -> AsyncIterator[BinaryIO]:
+        """The submitted file as a blocking stream that fills while it downloads (a Parquet file,
+        read from its footer, is downloaded whole to a scratch file first)."""
+        try:
+            download = await self.storage.container(self.settings.inbox_container).download_blob(request.blob_name)
+        except ResourceNotFoundError as exc:
+            raise PoisonMessage("missing_batch_file", f"inbox blob {request.blob_name} not found") from exc
+        if request.fmt == "parquet":
+            with tempfile.TemporaryFile(prefix="billing-initiator-") as scratch:
+                async for block in download.chunks():
+                    scratch.write(block)
+                scratch.seek(0)
+                yield scratch
+            return
+        pipe = BlockPipe()
+        feeding = asyncio.create_task(pipe.feed(download.chunks()))
+        try:
+            yield io.BufferedReader(pipe, buffer_size=1 << 20)
+        finally:
+            pipe.close()
+            feeding.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await feeding
+
+    async def _enqueue(self, request: BatchRequest, items: Iterator[tuple[int, bytes]], phases: _Phases) -> None:
+        """Send work items as they are cut (cut in a thread), round-robin over the input queues, a
+        bounded number at once; announce each queue's first item at once, then the totals."""
         queues = self.settings.input_queues
         counts = {queue: [0, 0] for queue in queues}
+        stopped: Exception | None = None  # raised once the items already sent are out
         async with asyncio.TaskGroup() as sends:
-            for seq, (rows, encoded) in enumerate(read_spool(spool)):
+            for seq in itertools.count():
+                try:
+                    item = await asyncio.to_thread(next, items, None)
+                except Exception as exc:
+                    stopped = exc
+                    break
+                if item is None:
+                    break
+                rows, encoded = item
                 header = WorkHeader(
                     work_item_id=f"{request.batch_id}:{seq:07d}",
                     batch_id=request.batch_id,
@@ -114,10 +160,13 @@ class Initiator(Service):
                 counts[queue][0] += 1
                 counts[queue][1] += rows
                 await self._sends.acquire()
-                sends.create_task(self._send(queue, header, encoded, first=seq < len(queues)))
+                sends.create_task(self._send(queue, header, encoded, phases, first=seq < len(queues)))
+        if stopped is not None:
+            raise stopped
+        phases.debatched_at = datetime.now(UTC)
         await self.announce({queue: (messages, rows) for queue, (messages, rows) in counts.items() if messages})
 
-    async def _send(self, queue: str, header: WorkHeader, encoded: bytes, *, first: bool) -> None:
+    async def _send(self, queue: str, header: WorkHeader, encoded: bytes, phases: _Phases, *, first: bool) -> None:
         """Send one work item; the first on each queue wakes its processors at once."""
         try:
             await self.claim_check.send(
@@ -127,24 +176,29 @@ class Initiator(Service):
             )
         finally:
             self._sends.release()
+        phases.sent()
         if first:
             await self.announce({queue: (1, header.rows)})
 
     async def _report(
-        self, request: BatchRequest, outcome: DebatchOutcome | None, *, refused: str | None = None
+        self, request: BatchRequest, debatch: Debatch | None, phases: _Phases, *, refused: str | None = None
     ) -> Manifest:
         manifest = Manifest(
             batch_id=request.batch_id,
             source=request.source,
-            rows=outcome.rows if outcome else 0,
-            accepted=outcome.accepted if outcome else 0,
-            rejected=outcome.rejected if outcome else 0,
-            work_items=outcome.work_items if outcome else 0,
+            rows=debatch.rows if debatch else 0,
+            accepted=debatch.accepted if debatch else 0,
+            rejected=debatch.rejected if debatch else 0,
+            work_items=debatch.work_items if debatch else 0,
             pricebook_hash=request.pricebook_hash,
             taxes_hash=request.taxes_hash,
             accepted_at=request.accepted_at,
-            rejects=outcome.rejects if outcome else REJECT_SCHEMA.empty_table(),
+            rejects=debatch.rejects if debatch else REJECT_SCHEMA.empty_table(),
             refused=refused,
+            uploaded_at=request.uploaded_at,
+            first_item_sent_at=phases.first_item_sent_at,
+            last_item_sent_at=phases.last_item_sent_at,
+            debatched_at=phases.debatched_at,
         )
         envelope = manifest_envelope(manifest)
         await self.claim_check.send(

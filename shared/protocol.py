@@ -1,20 +1,21 @@
 """The wire format: every message the roles exchange, and how its payload is encoded.
 
 Each message kind has a pair of functions (``*_envelope`` builds, ``parse_*`` reads) over the
-generic :class:`~shared.messaging.envelope.Envelope` frame; tables travel as Arrow IPC compressed
-whole with zstd (small, fast, exact types).
+generic :class:`~shared.messaging.envelope.Envelope` frame; tables travel as Parquet (dictionary
+encoding, zstd: small, fast, exact types).
 """
 
 from __future__ import annotations
 
 import logging
-import struct
 import uuid
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, TypeVar
 
 import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from .errors import PoisonMessage
 from .messaging.envelope import ClaimCheck, Envelope
@@ -24,27 +25,30 @@ from .rules.schemas import PARTIAL_SCHEMA, REJECT_SCHEMA
 REQUEST, WORK, RESULTS, MANIFEST, POISONED = "request", "work", "results", "manifest", "poisoned"
 T = TypeVar("T")
 
-_CODEC = pa.Codec("zstd", compression_level=3)
-_LENGTH = struct.Struct("<Q")
-
 
 def encode_table(table: pa.Table) -> bytes:
-    """Serialise and compress a table."""
+    """Serialise a table densely: Parquet, dictionary-encoded columns, zstd (~3,000 transactions in
+    a 64 KiB queue message; Arrow IPC held a third of that)."""
     sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, table.schema) as writer:
-        writer.write_table(table)
-    raw = sink.getvalue()
-    return _LENGTH.pack(raw.size) + _CODEC.compress(raw, asbytes=True)
+    pq.write_table(table, sink, compression="zstd", compression_level=9, use_dictionary=_repetitive(table))
+    encoded: bytes = sink.getvalue().to_pybytes()
+    return encoded
+
+
+def _repetitive(table: pa.Table) -> list[str]:
+    """The text columns worth a dictionary: at most one distinct value in four rows (accounts,
+    products, regions; not transaction ids, where a dictionary only adds bytes)."""
+    return [
+        field.name
+        for field, column in zip(table.schema, table.columns, strict=True)
+        if pa.types.is_string(field.type) and pc.count_distinct(column).as_py() * 4 <= table.num_rows
+    ]
 
 
 def decode_table(data: bytes) -> pa.Table:
     """The table :func:`encode_table` wrote; raises ``ValueError`` on damaged data."""
-    if len(data) < _LENGTH.size:
-        raise ValueError("encoded table is truncated")
-    (size,) = _LENGTH.unpack_from(data)
     try:
-        raw = _CODEC.decompress(memoryview(data)[_LENGTH.size :], decompressed_size=size)
-        return pa.ipc.open_stream(raw).read_all()
+        return pq.read_table(pa.BufferReader(data)).replace_schema_metadata(None)
     except (pa.ArrowException, OSError) as exc:
         raise ValueError(f"encoded table is damaged: {exc}") from exc
 
@@ -63,7 +67,15 @@ class Manifest:
     taxes_hash: str
     accepted_at: datetime
     rejects: pa.Table  # REJECT_SCHEMA
-    refused: str | None = None  # a file-level refusal reason; then nothing was enqueued
+    refused: str | None = None  # a file-level refusal reason; then nothing of the batch counts
+    # Phases as the initiator saw them (None where a phase did not happen, e.g. no item sent).
+    uploaded_at: datetime | None = None  # the client had the file in the inbox
+    first_item_sent_at: datetime | None = None
+    last_item_sent_at: datetime | None = None
+    debatched_at: datetime | None = None  # the whole file read, every work item sent
+
+    #: The fields that are datetimes on the wire (ISO 8601 text).
+    TIMES = ("accepted_at", "uploaded_at", "first_item_sent_at", "last_item_sent_at", "debatched_at")
 
 
 @dataclass(frozen=True)
@@ -87,6 +99,7 @@ class BatchRequest:
     pricebook_hash: str
     taxes_hash: str
     accepted_at: datetime
+    uploaded_at: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -101,13 +114,11 @@ class WorkHeader:
 
 
 def request_envelope(request: BatchRequest) -> Envelope:
-    headers = {**request.__dict__, "accepted_at": request.accepted_at.isoformat()}
-    return Envelope(REQUEST, headers)
+    return Envelope(REQUEST, _with_times(request.__dict__, ("accepted_at", "uploaded_at")))
 
 
 def parse_request(envelope: Envelope) -> BatchRequest:
-    h = _expect(envelope, REQUEST)
-    return _build(BatchRequest, {**h, "accepted_at": datetime.fromisoformat(h["accepted_at"])})
+    return _build(BatchRequest, _read_times(_expect(envelope, REQUEST), ("accepted_at", "uploaded_at")))
 
 
 def work_envelope(header: WorkHeader, encoded: bytes) -> Envelope:
@@ -195,8 +206,7 @@ def work_items_named(kind: str, headers: dict[str, Any]) -> list[tuple[str, str]
 
 def manifest_envelope(manifest: Manifest) -> Envelope:
     headers = {k: v for k, v in manifest.__dict__.items() if k != "rejects"}
-    headers["accepted_at"] = manifest.accepted_at.isoformat()
-    return Envelope(MANIFEST, headers, encode_table(manifest.rejects))
+    return Envelope(MANIFEST, _with_times(headers, Manifest.TIMES), encode_table(manifest.rejects))
 
 
 def parse_manifest(envelope: Envelope) -> Manifest:
@@ -204,7 +214,20 @@ def parse_manifest(envelope: Envelope) -> Manifest:
     rejects = _decode(envelope.payload)
     if rejects.schema != REJECT_SCHEMA:
         raise PoisonMessage("bad_manifest", "rejects do not have the expected schema")
-    return _build(Manifest, {**h, "accepted_at": datetime.fromisoformat(h["accepted_at"]), "rejects": rejects})
+    return _build(Manifest, {**_read_times(h, Manifest.TIMES), "rejects": rejects})
+
+
+def _with_times(fields: dict[str, Any], names: tuple[str, ...]) -> dict[str, Any]:
+    """``fields`` with the datetimes named written as ISO 8601 text (None stays None)."""
+    return {**fields, **{name: fields[name] and fields[name].isoformat() for name in names}}
+
+
+def _read_times(headers: dict[str, Any], names: tuple[str, ...]) -> dict[str, Any]:
+    """``headers`` with the ISO 8601 texts named parsed back (an absent or null one is None)."""
+    try:
+        return {**headers, **{name: headers.get(name) and datetime.fromisoformat(headers[name]) for name in names}}
+    except (TypeError, ValueError) as exc:
+        raise PoisonMessage("bad_envelope", f"a time is not ISO 8601: {exc}") from exc
 
 
 def _expect(envelope: Envelope, kind: str) -> dict[str, Any]:
