@@ -126,7 +126,27 @@ def test_prices_come_from_an_editable_file(tmp_path: Path) -> None:
 
 
 def _run(mode: str, work_requests_per_1000: float) -> PipelineRun:
-    return PipelineRun(mode, 1000, 4, 1, 1000, 1, 1.0, 1000.0, 10, 10.0, 5, work_requests_per_1000, None, {}, {})  # type: ignore[arg-type]
+    return PipelineRun(
+        mode=mode,  # type: ignore[arg-type]
+        rows=1000,
+        partitions=4,
+        processors=1,
+        accepted=1000,
+        work_items=1,
+        submit_to_complete_seconds=1.0,
+        submit_transactions_per_second=1000.0,
+        latency_seconds=1.0,
+        transactions_per_second=1000.0,
+        phases={},
+        cpu_seconds={},
+        storage_requests=10,
+        requests_per_1000=10.0,
+        setup_requests=5,
+        work_requests_per_1000=work_requests_per_1000,
+        attributed_requests_per_1000=None,
+        requests_by_kind={},
+        peak_rss_mib={},
+    )
 
 
 def test_rates_from_bench_reports(tmp_path: Path) -> None:
@@ -134,7 +154,8 @@ def test_rates_from_bench_reports(tmp_path: Path) -> None:
     listener = ListenerBench(
         {}, {"push (local bus)": 12.0, "pull (back-off to 10 s)": 400.0, "naive 1 s polling": 3600.0}, 60, 1, 2, 3
     )
-    report = BenchReport(_run("optimised", 2.0), _run("optimised", 2.5), _run("naive", 40.0), listener, [], {})
+    main = _run("optimised", 2.0)
+    report = BenchReport(main, [main], _run("optimised", 2.5), _run("naive", 40.0), listener, [], {})
     (tmp_path / "bench.json").write_text(json.dumps(asdict(report)))
     (tmp_path / "listener.json").write_text(json.dumps(asdict(listener)))
     optimised = cost("--from-bench", str(tmp_path / "bench.json"))["projection"]
