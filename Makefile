@@ -2,7 +2,7 @@
 PYTHON ?= python3
 NPM ?= npm
 
-.PHONY: setup demo test
+.PHONY: setup demo lint test
 
 setup:
 	$(PYTHON) -m pip install --quiet --disable-pip-version-check --root-user-action=ignore -e '.[test]'
@@ -11,6 +11,11 @@ setup:
 demo: setup
 	$(PYTHON) -m billing demo
 
-test: setup
+lint: setup
+	$(PYTHON) -m ruff check .
+	$(PYTHON) -m ruff format --check .
+	$(PYTHON) -m mypy
+
+test: setup lint
 	bash deploy/install-postgres.sh
 	$(PYTHON) -m pytest

@@ -18,6 +18,7 @@ from controller import reports
 from controller.store import Store
 from shared.errors import BillingError
 from shared.logs import configure_logging, redact
+from shared.messaging.poison import Action as PoisonAction
 from shared.messaging.runtime import RoleFactory, role_states, run_role
 from shared.messaging.service import STATE_INTERVAL
 from shared.messaging.storage import Storage
@@ -160,7 +161,7 @@ async def _backlog(settings: Settings) -> dict[str, int]:
 @click.option("--batch", "batch_id", required=True)
 @click.option("--format", "fmt", type=click.Choice(["table", "csv", "json", "parquet"]), default="table")
 @click.option("--output", type=click.Path(dir_okay=False, path_type=Path))
-def report(kind: str, batch_id: str, fmt: str, output: Path | None) -> None:
+def report(kind: str, batch_id: str, fmt: reports.Format, output: Path | None) -> None:
     """Print or write a report of one batch."""
     settings = Settings()
     with Store(settings.sql_url_value) as store:
@@ -199,7 +200,7 @@ def poison_list(as_json: bool) -> None:
         poison.print_overview(found, Console())
 
 
-def _poison_action(action: poison.Action, verb: str) -> click.Command:
+def _poison_action(action: PoisonAction, verb: str) -> click.Command:
     @click.argument("ids", nargs=-1)
     @click.option("--queue", help="Only this pipeline queue (default: all of them).")
     @click.option("--all", "every", is_flag=True, help="Every entry of the chosen queues.")
@@ -223,7 +224,12 @@ def _poison_action(action: poison.Action, verb: str) -> click.Command:
     return poison_group.command(action)(command)
 
 
-for _action, _verb in (("show", "showed"), ("replay", "replayed"), ("purge", "purged")):
+_POISON_ACTIONS: tuple[tuple[PoisonAction, str], ...] = (
+    ("show", "showed"),
+    ("replay", "replayed"),
+    ("purge", "purged"),
+)
+for _action, _verb in _POISON_ACTIONS:
     _poison_action(_action, _verb)
 
 

@@ -98,7 +98,8 @@ async def submit(
     taxes_bytes = taxes.read_bytes() if taxes else sample_tax_table_bytes()
     load_price_book(pricebook_bytes)  # refuse invalid reference data before anything is stored
     load_tax_table(taxes_bytes)
-    batch_id = batch_id or await asyncio.to_thread(file_digest, path)
+    if not batch_id:
+        batch_id = await asyncio.to_thread(file_digest, path)
     async with Storage(settings) as storage:
         await storage.ensure_all()
         with tallying(Tally()):  # the batch's first requests: its request message carries them

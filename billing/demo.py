@@ -11,7 +11,9 @@ import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
+import pandas as pd
 from rich.console import Console
 from rich.table import Table
 
@@ -82,7 +84,9 @@ def run(*, rows: int, seed: int, console: Console) -> None:
     _print_results(console, status.to_json_dict(), invoices, aggregates, elapsed)
 
 
-def _print_results(console: Console, status: dict[str, object], invoices, aggregates, elapsed: float) -> None:  # type: ignore[no-untyped-def]
+def _print_results(
+    console: Console, status: Mapping[str, Any], invoices: pd.DataFrame, aggregates: pd.DataFrame, elapsed: float
+) -> None:
     summary = Table(title="Batch summary", show_header=False)
     for key, value in status.items():
         summary.add_row(key, str(value))

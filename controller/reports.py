@@ -7,9 +7,10 @@ size; ``quantity`` is a plain decimal string ("12.5", "3", "0").
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from decimal import Decimal, localcontext
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Protocol, cast
 
 import numpy as np
 import pandas as pd
@@ -65,10 +66,22 @@ def aggregates(source: Store | sa.Engine, batch_id: str) -> pd.DataFrame:
     return _frame(sorted(records), AGGREGATE_COLUMNS)  # sorted here: the same order whatever the SQL collation
 
 
+class _AggregateRow(Protocol):
+    """The fields of an :func:`aggregates` row that :func:`invoices` reads (money as Python ints)."""
+
+    account_id: str
+    billing_day: str
+    currency: str
+    net: int
+    tax: int
+    total: int
+
+
 def invoices(source: Store | sa.Engine, batch_id: str) -> pd.DataFrame:
     """The batch's invoices per (account_id, billing_period YYYY-MM, currency): exact sums of its aggregates."""
     sums: dict[tuple[str, str, str], list[int]] = {}
-    for r in aggregates(source, batch_id).itertuples(index=False):
+    rows = cast("Iterable[_AggregateRow]", aggregates(source, batch_id).itertuples(index=False))
+    for r in rows:
         totals = sums.setdefault((r.account_id, r.billing_day[:7], r.currency), [0, 0, 0])
         totals[0] += r.net
         totals[1] += r.tax

@@ -252,7 +252,8 @@ class Store:
                 rows[batch_id]["requests"] += count
             _merge_aggregates(conn, counted)
 
-            completed, failed = [], []
+            completed: list[str] = []
+            failed: list[str] = []
             for batch_id, row in rows.items():
                 _settle(row, now)
                 if row != before[batch_id]:
@@ -493,10 +494,12 @@ def _sum_fits(column: pa.ChunkedArray) -> bool:
         return True
     kind = column.type
     if not pa.types.is_decimal(kind):
-        return len(column) * max(abs(low), abs(high)) < 2**63
+        largest: int = max(abs(low), abs(high))
+        return len(column) * largest < 2**63
     with localcontext(EXACT):
         largest = int(max(abs(low), abs(high)).scaleb(kind.scale))
-    return len(column) * largest < 10**kind.precision
+    limit: int = 10**kind.precision
+    return len(column) * largest < limit
 
 
 def _wider(kind: pa.DataType) -> pa.DataType:
@@ -506,7 +509,8 @@ def _wider(kind: pa.DataType) -> pa.DataType:
 
 def _sql_values(column: pa.ChunkedArray) -> list[Any]:
     """Python values to bind: ints stay ints; decimals and dates become their canonical text."""
-    return (column if pa.types.is_integer(column.type) else column.cast(pa.string())).to_pylist()
+    values: list[Any] = (column if pa.types.is_integer(column.type) else column.cast(pa.string())).to_pylist()
+    return values
 
 
 def _stored_aggregates(conn: sa.Connection, keys: pa.Table) -> pa.Table:

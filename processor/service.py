@@ -70,12 +70,12 @@ class Processor(Service):
         if not items:
             return poisoned
         loop = asyncio.get_running_loop()
-        envelope, bad = await loop.run_in_executor(self._pool, rate_work_items, items, references)
+        results, bad = await loop.run_in_executor(self._pool, rate_work_items, items, references)
         poisoned.update({rated[index].id: reason for index, reason in bad.items()})
-        if envelope is not None:
+        if results is not None:
             # Named after the first item's batch: the blob is spent once that batch is complete.
             blob_name = batch_blob(items[0][0].batch_id, "results", uuid.uuid4().hex)
-            await self.claim_check.send(self.settings.results_queue, envelope, blob_name=blob_name)
+            await self.claim_check.send(self.settings.results_queue, results, blob_name=blob_name)
             await self.announce({self.settings.results_queue: (1, sum(header.rows for header, _ in items))})
         # The results are enqueued: from here the inputs may be deleted.
         return poisoned

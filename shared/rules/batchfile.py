@@ -29,6 +29,7 @@ propagate unchanged: they are transient, not a property of the file.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import itertools
@@ -36,7 +37,7 @@ import json
 import shutil
 import tempfile
 from collections.abc import Iterator, Sequence
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, cast
 
 import numpy as np
 import pyarrow as pa
@@ -164,18 +165,18 @@ def _ragged_columns(
     rows: list[list[str | None]] = []
     start = 0
     for end in ends.tolist():
-        cells: list[str | None] = list(flat[start:end])
+        row = flat[start:end]
         start = end
-        if not cells:
+        if not row:
             continue
-        if len(cells) > width:
-            if sum(map(len, cells)) > max_row_bytes:
+        if len(row) > width:
+            if sum(map(len, row)) > max_row_bytes:
                 raise FileRefused(f"data row {done + len(rows) + 1} is longer than the limit of {max_row_bytes} bytes")
-            del cells[width:]
-        else:
-            cells.extend([None] * (width - len(cells)))
+            del row[width:]
+        cells: list[str | None] = list(row)
+        cells.extend([None] * (width - len(cells)))
         rows.append(cells)
-    return [list(column) for column in zip(*rows)] if rows else [[] for _ in range(width)]
+    return [list(column) for column in zip(*rows, strict=True)] if rows else [[] for _ in range(width)]
 
 
 def _value_bytes(arrays: list[pa.Array]) -> np.ndarray:
@@ -249,10 +250,10 @@ def _jsonl_table(columns: dict[str, list[str | None]], raws: list[str], done: in
 
 
 def _read_parquet(source: BinaryIO, chunk_rows: int) -> Iterator[pa.Table]:
-    spool = None
-    try:
+    spool: BinaryIO | None = None
+    with contextlib.ExitStack() as stack:
         if not source.seekable():  # Parquet needs random access (its footer comes last)
-            spool = tempfile.TemporaryFile()
+            spool = stack.enter_context(tempfile.TemporaryFile())
             shutil.copyfileobj(source, spool)
             spool.seek(0)
         try:
@@ -276,9 +277,6 @@ def _read_parquet(source: BinaryIO, chunk_rows: int) -> Iterator[pa.Table]:
                 done += batch.num_rows
         except (pa.ArrowException, ValueError, OSError) as exc:
             raise FileRefused(f"Parquet file unreadable after data row {done}: {_one_line(exc)}") from None
-    finally:
-        if spool is not None:
-            spool.close()
 
 
 def _textual(kind: pa.DataType) -> bool:
@@ -347,9 +345,11 @@ def _json_objects(
         return pa.array(
             [
                 json.dumps(
-                    {k: v for k, v in zip(names, row) if v is not None}, ensure_ascii=False, separators=(",", ":")
+                    {k: v for k, v in zip(names, row, strict=True) if v is not None},
+                    ensure_ascii=False,
+                    separators=(",", ":"),
                 )
-                for row in zip(*(values for _, values in columns))
+                for row in zip(*(values for _, values in columns), strict=True)
             ],
             pa.string(),
         )
@@ -364,7 +364,8 @@ def _json_objects(
     if row_major is not None and not any(escaped):
         pieces[1::2] = row_major
     else:
-        for k, ((_, values), needs) in enumerate(zip(columns, escaped)):
+        for k, ((_, column_values), needs) in enumerate(zip(columns, escaped, strict=True)):
+            values = cast("Sequence[str]", column_values)  # no nulls on this path (returned above)
             if needs:
                 values = [json.dumps(v, ensure_ascii=False)[1:-1] for v in values]
                 value_bytes = value_bytes - pc.binary_length(arrays[k]).to_numpy(zero_copy_only=False)

@@ -106,13 +106,15 @@ def _net(quantity: np.ndarray, price: np.ndarray, scale: np.ndarray) -> np.ndarr
     ph, pl = np.divmod(price, MICRO)
     b1, b0 = np.divmod(qh * pl + ql * ph, MICRO)
     remainder = b0 * MICRO + ql * pl
-    return (qh * ph + b1) * scale + (remainder * scale + MICRO * MICRO // 2) // (MICRO * MICRO)
+    net: np.ndarray = (qh * ph + b1) * scale + (remainder * scale + MICRO * MICRO // 2) // (MICRO * MICRO)
+    return net
 
 
 def _tax(net: np.ndarray, rate: np.ndarray) -> np.ndarray:
     """``round_half_up(net × rate / 10^6)`` exactly: net = n1·10^6 + n0, n1·rate ≤ 1.001·10^18."""
     n1, n0 = np.divmod(net, MICRO)
-    return n1 * rate + (n0 * rate + MICRO // 2) // MICRO
+    tax: np.ndarray = n1 * rate + (n0 * rate + MICRO // 2) // MICRO
+    return tax
 
 
 def _lookup(accepted: pa.Table, name: str, known: pa.Array, source: str) -> np.ndarray:
@@ -122,7 +124,8 @@ def _lookup(accepted: pa.Table, name: str, known: pa.Array, source: str) -> np.n
     if index.null_count:
         unknown = values.filter(pc.is_null(index))[0]
         raise ReferenceDataError(f"{name} {unknown!s} is not in {source}")
-    return index.to_numpy().astype(np.int64)
+    positions: np.ndarray = index.to_numpy().astype(np.int64)
+    return positions
 
 
 def _day_strings(day: np.ndarray) -> pa.Array:

@@ -179,7 +179,7 @@ def validate(
         schema=ACCEPTED_SCHEMA,
     )
     bad = ~keep
-    names = np.array(("",) + REASONS, dtype=object)
+    names = np.array(("", *REASONS), dtype=object)
     rejects = pa.Table.from_arrays(
         [
             _column(chunk, "row").cast(pa.int64()).filter(pa.array(bad)),
@@ -329,7 +329,8 @@ def _matches(values: pa.Array, pattern: str) -> np.ndarray:
 
 
 def _to_bool(values: pa.Array) -> np.ndarray:
-    return pc.fill_null(values, False).to_numpy(zero_copy_only=False)
+    flags: np.ndarray = pc.fill_null(values, False).to_numpy(zero_copy_only=False)
+    return flags
 
 
 def _utf8_view(values: pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
