@@ -63,11 +63,11 @@ class Debatch:
             self.accepted += good.num_rows
             pending.append(good)
             pending_rows += good.num_rows
-            while pending_rows >= self._item_rows:
+            while pending_rows >= (size := self._item_rows):
                 table = pa.concat_tables(pending)
-                yield self._cut(table.slice(0, self._item_rows))
-                rest = table.slice(self._item_rows)
+                rest = table.slice(size)
                 pending, pending_rows = [rest], rest.num_rows
+                yield self._cut(table.slice(0, size))
         if pending_rows:
             yield self._cut(pa.concat_tables(pending))
 
