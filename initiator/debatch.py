@@ -19,9 +19,6 @@ from shared.rules.reference import PriceBook, TaxTable
 from shared.rules.schemas import REJECT_SCHEMA
 from shared.rules.validation import TransactionIdSet, validate
 
-#: Read blocks of this many rows: small enough that the first work item leaves early.
-_CHUNK_ROWS = 8192
-
 
 class Debatch:
     """Cuts one batch file into encoded work items of at most ``work_item_size`` transactions.
@@ -53,7 +50,7 @@ class Debatch:
         seen = TransactionIdSet()
         pending: list[pa.Table] = []
         pending_rows = 0
-        for chunk in read_chunks(source, fmt, chunk_rows=_CHUNK_ROWS):
+        for chunk in read_chunks(source, fmt):
             self.rows += chunk.num_rows
             good, bad = validate(chunk, self._price_book, self._tax_table, seen)
             if bad.num_rows:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 from azure.core.exceptions import ResourceExistsError, ResourceNotFoundError
 
 from .errors import PoisonMessage
@@ -21,10 +23,8 @@ class ReferenceStore:
         """Store ``data`` (once) and return its content hash."""
         digest = content_hash(data)
         if (kind, digest) not in self._cache:
-            try:
+            with contextlib.suppress(ResourceExistsError):  # stored before: same content, same name
                 await self._container.upload_blob(f"{kind}/{digest}.csv", data, overwrite=False)
-            except ResourceExistsError:
-                pass
             self._cache[kind, digest] = data
         return digest
 

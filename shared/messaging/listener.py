@@ -382,6 +382,8 @@ class QueueListener:
         return []
 
     async def _on_work_detected(self) -> None:
+        if self._active() >= self._settings.max_tasks:
+            return  # no room to scale up: the depth would change nothing, and reading it is a request
         try:
             properties = await self._queue.get_queue_properties()
         except Exception as exc:

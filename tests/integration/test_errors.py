@@ -38,6 +38,7 @@ from shared.messaging.poison import PoisonQueue, poison_queue_name
 from shared.messaging.service import Service
 from shared.messaging.storage import Storage
 from shared.settings import Settings
+from support.waiting import wait_until_async
 
 REFUSED = "BILLING_REFERENCE_CONTAINER names a container this account may not read"
 
@@ -149,10 +150,8 @@ async def test_other_errors_in_the_handler_keep_the_listener_going(storage: Stor
         storage, settings_env, settings_env.requests_queue, flaky, visibility_timeout=1, max_idle_interval=0.2
     )
     runner = asyncio.create_task(listener.run())
-    deadline = asyncio.get_running_loop().time() + 20
-    while listener.state().processed < 1:
-        assert asyncio.get_running_loop().time() < deadline, "not redelivered"
-        await asyncio.sleep(0.05)
+    async with asyncio.timeout(20):  # redelivered
+        await wait_until_async(lambda: listener.state().processed >= 1)
     listener.stop()
     await runner  # ends without an error
     assert (calls, listener.state().failed_batches) == (2, 1)

@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import json
 import random
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from azure.storage.queue import QueueMessage
 
@@ -24,6 +24,7 @@ from shared.messaging.listener import (
 from shared.messaging.poison import PoisonQueue, poison_queue_name
 from shared.messaging.storage import Storage
 from shared.settings import Settings
+from support.waiting import wait_until_async
 
 
 def test_idle_delay_grows_exponentially_with_jitter_and_caps() -> None:
@@ -80,11 +81,10 @@ def _listener(storage: Storage, settings: Settings, handler, *, burst: bool = Tr
     )
 
 
-async def _until(predicate, timeout: float = 15.0) -> None:  # type: ignore[no-untyped-def]
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not predicate():
-        assert asyncio.get_running_loop().time() < deadline, "condition not reached in time"
-        await asyncio.sleep(0.02)
+async def _until(predicate: Callable[[], object], seconds: float = 15.0) -> None:
+    """:func:`wait_until_async`, bounded: fails the test after ``seconds``."""
+    async with asyncio.timeout(seconds):
+        await wait_until_async(predicate, interval=0.02)
 
 
 async def _send(storage: Storage, settings: Settings, count: int) -> None:
@@ -143,7 +143,7 @@ async def test_poison_by_handler_reason_and_by_dequeue_count(storage: Storage, s
     await queue.send_message("worn")
     # Wear one message out: receive it past max_dequeue_count without deleting it.
     for _ in range(3):
-        async for message in queue.receive_messages(visibility_timeout=1, max_messages=32):
+        async for _ in queue.receive_messages(visibility_timeout=1, max_messages=32):
             pass
         await asyncio.sleep(1.2)
     await queue.send_message("bad")
@@ -234,7 +234,7 @@ async def test_push_mode_safety_poll_finds_work_without_a_trigger(storage: Stora
     runner = asyncio.create_task(listener.run())
     await _until(lambda: listener.state().active_tasks == 0)
     await _send(storage, settings_env, 5)  # no trigger: a lost hint
-    await _until(lambda: len(seen) == 5, timeout=10)
+    await _until(lambda: len(seen) == 5, seconds=10)
     listener.stop()
     await runner
 
@@ -276,7 +276,7 @@ async def test_next_receive_overlaps_processing(storage: Storage, settings_env: 
     await _send(storage, settings_env, 64)
     listener = _listener(storage, settings_env, handler, max_tasks=1)
     await listener.run()
-    (first_start, first_end), (second_start, _) = windows
+    (_, first_end), (second_start, _) = windows
     # The second batch was received while the first was being handled: it starts right away.
     assert second_start - first_end < 0.1
     assert listener.state().processed == 64
@@ -300,7 +300,7 @@ async def test_receive_errors_are_reported_and_the_task_goes_on(storage: Storage
     try:
         await _send(storage, settings_env, 3)
         runner = asyncio.create_task(listener.run())
-        await _until(lambda: len(seen) == 3, timeout=20)
+        await _until(lambda: len(seen) == 3, seconds=20)
         listener.stop()
         await runner
     finally:
