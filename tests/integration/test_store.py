@@ -10,7 +10,6 @@ from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta, timezone
 from decimal import Decimal
 from pathlib import Path
-from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -20,8 +19,8 @@ from alembic.script import ScriptDirectory
 
 from controller import reports
 from controller.store import MIGRATIONS, Store
-from shared.protocol import Manifest, PoisonNotice, WorkItemResult
-from shared.rules.schemas import PARTIAL_SCHEMA, REJECT_SCHEMA
+from shared.protocol import PoisonNotice
+from support.records import manifest, partial, result
 
 BIG = 9 * 10**18  # three of these pass 2^63
 
@@ -30,61 +29,6 @@ BIG = 9 * 10**18  # three of these pass 2^63
 def store(sql_url: str) -> Iterator[Store]:
     with Store(sql_url) as opened:
         yield opened
-
-
-def partial(
-    account: str = "acct-1",
-    *,
-    product: str = "CPU",
-    day: str = "2026-03-02",
-    currency: str = "USD",
-    transactions: int = 1,
-    quantity: str = "1.5",
-    net: int = 100,
-    tax: int = 20,
-) -> dict[str, Any]:
-    return {
-        "account_id": account,
-        "product": product,
-        "billing_day": day,
-        "currency": currency,
-        "transactions": transactions,
-        "quantity": Decimal(quantity),
-        "net": Decimal(net),
-        "tax": Decimal(tax),
-        "total": Decimal(net + tax),
-    }
-
-
-def result(work_item_id: str, *rows: dict[str, Any], batch_id: str = "b1") -> WorkItemResult:
-    rows = rows or (partial(),)
-    table = pa.Table.from_pylist(list(rows), schema=PARTIAL_SCHEMA)
-    return WorkItemResult(work_item_id, batch_id, sum(int(r["transactions"]) for r in rows), table)
-
-
-def manifest(
-    batch_id: str = "b1",
-    *,
-    work_items: int = 1,
-    accepted: int = 1,
-    rejects: list[dict[str, Any]] | None = None,
-    refused: str | None = None,
-    accepted_at: datetime | None = None,
-) -> Manifest:
-    table = pa.Table.from_pylist(rejects or [], schema=REJECT_SCHEMA)
-    return Manifest(
-        batch_id=batch_id,
-        source="batch.csv",
-        rows=accepted + table.num_rows,
-        accepted=accepted,
-        rejected=table.num_rows,
-        work_items=work_items,
-        pricebook_hash="pb",
-        taxes_hash="tx",
-        accepted_at=accepted_at or datetime.now(UTC) - timedelta(seconds=2),
-        rejects=table,
-        refused=refused,
-    )
 
 
 def test_duplicate_delivery_changes_nothing(store: Store) -> None:

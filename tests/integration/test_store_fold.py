@@ -10,7 +10,6 @@ from datetime import UTC, datetime, timedelta, timezone
 from decimal import Decimal, localcontext
 from typing import Any
 
-import pyarrow as pa
 import pytest
 import sqlalchemy as sa
 from alembic import command
@@ -18,8 +17,9 @@ from alembic.config import Config
 
 from controller import reports
 from controller.store import MIGRATIONS, Store
-from shared.protocol import Manifest, PoisonNotice, WorkItemResult
-from shared.rules.schemas import PARTIAL_SCHEMA, REJECT_SCHEMA
+from shared.protocol import PoisonNotice, WorkItemResult
+from support import records
+from support.records import manifest, result
 
 ACCOUNTS = [f"acct-{i}" for i in range(5)]
 CURRENCIES = {"CPU": "USD", "GPU": "JPY", "NET": "BHD"}
@@ -34,62 +34,9 @@ def store(sql_url: str) -> Iterator[Store]:
         yield opened
 
 
-def partial(
-    account: str = "acct-1",
-    *,
-    product: str = "CPU",
-    day: str = "2026-03-02",
-    transactions: int = 1,
-    quantity: Decimal | str = "1.5",
-    net: int = 100,
-    tax: int = 20,
-) -> dict[str, Any]:
-    return {
-        "account_id": account,
-        "product": product,
-        "billing_day": day,
-        "currency": CURRENCIES[product],
-        "transactions": transactions,
-        "quantity": Decimal(quantity),
-        "net": Decimal(net),
-        "tax": Decimal(tax),
-        "total": Decimal(net + tax),
-    }
-
-
-def result(
-    work_item_id: str, *rows: dict[str, Any], batch_id: str = "b1", transactions: int | None = None
-) -> WorkItemResult:
-    rows = rows or (partial(),)
-    table = pa.Table.from_pylist(list(rows), schema=PARTIAL_SCHEMA)
-    count = sum(int(r["transactions"]) for r in rows) if transactions is None else transactions
-    return WorkItemResult(work_item_id, batch_id, count, table)
-
-
-def manifest(
-    batch_id: str = "b1",
-    *,
-    work_items: int = 1,
-    accepted: int = 1,
-    rejects: list[dict[str, Any]] | None = None,
-    refused: str | None = None,
-    **phases: datetime | None,
-) -> Manifest:
-    table = pa.Table.from_pylist(rejects or [], schema=REJECT_SCHEMA)
-    return Manifest(
-        batch_id=batch_id,
-        source="batch.csv",
-        rows=accepted + table.num_rows,
-        accepted=accepted,
-        rejected=table.num_rows,
-        work_items=work_items,
-        pricebook_hash="pb",
-        taxes_hash="tx",
-        accepted_at=datetime.now(UTC) - timedelta(seconds=2),
-        rejects=table,
-        refused=refused,
-        **phases,
-    )
+def partial(account: str = "acct-1", *, product: str = "CPU", **values: Any) -> dict[str, Any]:
+    """:func:`support.records.partial` in the product's currency."""
+    return records.partial(account, product=product, currency=CURRENCIES[product], **values)
 
 
 def random_result(rng: random.Random, work_item_id: str, batch_id: str) -> WorkItemResult:

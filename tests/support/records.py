@@ -1,0 +1,78 @@
+"""Small builders of what the controller's store is given: partial aggregates, work item results,
+manifests (tests of the store build them by hand, with nothing from a running pipeline)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+from typing import Any
+
+import pyarrow as pa
+
+from shared.protocol import Manifest, WorkItemResult
+from shared.rules.schemas import PARTIAL_SCHEMA, REJECT_SCHEMA
+
+
+def partial(
+    account: str = "acct-1",
+    *,
+    product: str = "CPU",
+    day: str = "2026-03-02",
+    currency: str = "USD",
+    transactions: int = 1,
+    quantity: Decimal | str = "1.5",
+    net: int = 100,
+    tax: int = 20,
+) -> dict[str, Any]:
+    """One row of partial aggregates (``PARTIAL_SCHEMA``); total = net + tax."""
+    return {
+        "account_id": account,
+        "product": product,
+        "billing_day": day,
+        "currency": currency,
+        "transactions": transactions,
+        "quantity": Decimal(quantity),
+        "net": Decimal(net),
+        "tax": Decimal(tax),
+        "total": Decimal(net + tax),
+    }
+
+
+def result(
+    work_item_id: str, *rows: dict[str, Any], batch_id: str = "b1", transactions: int | None = None
+) -> WorkItemResult:
+    """A work item's result from partial rows (one default row if none); its transactions are the
+    rows' unless given."""
+    rows = rows or (partial(),)
+    table = pa.Table.from_pylist(list(rows), schema=PARTIAL_SCHEMA)
+    count = sum(int(r["transactions"]) for r in rows) if transactions is None else transactions
+    return WorkItemResult(work_item_id, batch_id, count, table)
+
+
+def manifest(
+    batch_id: str = "b1",
+    *,
+    work_items: int = 1,
+    accepted: int = 1,
+    rejects: list[dict[str, Any]] | None = None,
+    refused: str | None = None,
+    accepted_at: datetime | None = None,
+    **phases: datetime | None,
+) -> Manifest:
+    """A batch's manifest: ``accepted`` rows plus the ``rejects`` given, accepted two seconds ago
+    unless ``accepted_at`` says when; ``phases`` are its phase times (``uploaded_at``, ...)."""
+    table = pa.Table.from_pylist(rejects or [], schema=REJECT_SCHEMA)
+    return Manifest(
+        batch_id=batch_id,
+        source="batch.csv",
+        rows=accepted + table.num_rows,
+        accepted=accepted,
+        rejected=table.num_rows,
+        work_items=work_items,
+        pricebook_hash="pb",
+        taxes_hash="tx",
+        accepted_at=accepted_at or datetime.now(UTC) - timedelta(seconds=2),
+        rejects=table,
+        refused=refused,
+        **phases,
+    )
