@@ -46,7 +46,9 @@ def stack(settings_env: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     """An Azurite of the test's own, persisted on disk, so the test can stop and restart it."""
     with running_azurite(tmp_path / "azurite", persist=True) as azurite:
         monkeypatch.setenv("BILLING_STORAGE_CONNECTION_STRING", azurite.connection_string() or "")
-        for name, value in {"PARTITIONS": "4", "VISIBILITY_TIMEOUT": "5", "MAX_DEQUEUE_COUNT": "20"}.items():
+        # Small work items: many messages in flight at every moment a role may be killed.
+        chaos = {"PARTITIONS": "4", "WORK_ITEM_SIZE": "500", "VISIBILITY_TIMEOUT": "5", "MAX_DEQUEUE_COUNT": "20"}
+        for name, value in chaos.items():
             monkeypatch.setenv(f"BILLING_{name}", value)
         yield azurite
 
@@ -95,7 +97,7 @@ def test_roles_killed_at_random_moments(stack: AzuriteStack, chaos_batch: tuple[
         victims = [*ROLES, *ROLES, *ROLES]
         rng.shuffle(victims)
         for role in victims[:KILLS]:
-            time.sleep(rng.uniform(0.5, 2.5))
+            time.sleep(rng.uniform(0.3, 1.5))
             if final_status(settings) is not None:
                 break  # the batch is done: later kills would prove nothing
             roles.kill_and_restart(role)

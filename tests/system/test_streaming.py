@@ -53,9 +53,10 @@ def test_a_file_unreadable_past_its_head_is_refused_and_counts_nothing(
     streaming_env: Settings, roles: Roles, tmp_path: Path
 ) -> None:
     good = tmp_path / "good.csv"
-    generate(30_000, good, seed=5, reject_rate=0.0)
+    generate(150_000, good, seed=5, reject_rate=0.0)
     text = good.read_text()
-    cut = text.index("\n", HEAD_BYTES + 200_000) + 1  # well past the head `billing submit` reads
+    # Well past the head `billing submit` reads, and past the initiator's first blocks of rows.
+    cut = text.index("\n", max(HEAD_BYTES, len(text) * 3 // 4)) + 1
     path = tmp_path / "late-defect.csv"
     path.write_text(text[:cut] + MALFORMED + text[cut:])
 
