@@ -65,7 +65,8 @@ SCALING_PROCESSORS = (1, 2, 3)
 @dataclass(frozen=True)
 class PipelineRun:
     mode: Mode
-    rows: int
+    rows: int  # in all, over ``batches`` files submitted at once
+    batches: int
     partitions: int
     processors: int
     accepted: int
@@ -109,11 +110,19 @@ def monthly_costs(
 
 
 def run_pipeline(
-    rows: int, *, data_dir: Path, console: Console, mode: Mode = "optimised", partitions: int = 4, processors: int = 1
+    rows: int,
+    *,
+    data_dir: Path,
+    console: Console,
+    mode: Mode = "optimised",
+    partitions: int = 4,
+    processors: int = 1,
+    batches: int = 1,
 ) -> PipelineRun:
-    """Generate (or reuse) a ``rows``-row CSV and time it through a fresh local pipeline, submitted
-    as a user does: ``billing submit FILE --wait`` in its own process, timed from start to exit."""
-    batch = _batch_file(rows, data_dir, console)
+    """Generate (or reuse) ``batches`` CSV files of ``rows`` rows in all and time them through a fresh
+    local pipeline, submitted as a user does: ``billing submit FILE --wait``, one process per file,
+    all at once, timed from the first start to the last exit."""
+    files = [_batch_file(rows // batches, data_dir, console, seed=42 + number) for number in range(batches)]
     with tempfile.TemporaryDirectory(prefix="billing-bench-") as scratch:
         home = Path(scratch)
         stack = AzuriteStack(home=home, persist=False)
@@ -128,18 +137,19 @@ def run_pipeline(
             with role_processes(settings, home / "logs", processors=processors) as processes:
                 before = _settled(home, roles=2 + processors, timeout=settle)
                 cpu_before = _cpu(processes, stack)
-                submitted, waited, client_cpu, client_requests = _submit_and_wait(settings, batch, data_dir)
+                waited = _submit_and_wait(settings, files, data_dir)
                 with Store(settings.sql_url_value) as store:
-                    status = store.batch(_batch_id(waited))
-                assert status is not None and status.state == "complete", f"the batch did not complete: {waited}"
+                    statuses = [store.batch(batch_id) for batch_id in waited.batch_ids]
+                done = [status for status in statuses if status is not None and status.state == "complete"]
+                assert len(done) == batches, f"not every batch completed: {statuses}"
                 cpu = {role: seconds - cpu_before[role] for role, seconds in _cpu(processes, stack).items()}
-                cpu["client (billing submit)"] = client_cpu
+                cpu["client (billing submit)"] = waited.cpu_seconds
                 time.sleep(STATE_INTERVAL + 0.5)  # no stale state file shows the roles idle
                 _settled(home, roles=2 + processors, timeout=settle)  # the wake-ups' trailing polls count too
             states = [json.loads(p.read_text()) for p in sorted((home / "state").glob("*.json"))]
         finally:
             stack.stop()
-    by_kind: dict[str, int] = {"client (billing submit)": client_requests}
+    by_kind: dict[str, int] = {"client (billing submit)": waited.requests}
     rss: dict[str, float] = {}
     for state in states:
         for kind, count in state["requests"].items():
@@ -147,27 +157,30 @@ def run_pipeline(
         rss[state["role"]] = max(state["peak_rss_mib"], rss.get(state["role"], 0.0))
         if state["role"] == "processor":  # its rating workers, reaped by the time the final state is written
             rss["rating worker"] = max(state["peak_child_rss_mib"], rss.get("rating worker", 0.0))
-    total = by_kind.pop("total") + client_requests
+    total = by_kind.pop("total") + waited.requests
     setup = before  # creating queues and containers, and polls until every listener was idle
-    latency = float(status.latency_seconds or 0.0)
+    accepted = sum(status.accepted for status in done)
+    latency = max(float(status.latency_seconds or 0.0) for status in done)
+    attributed = sum(status.requests for status in done)
     return PipelineRun(
         mode=mode,
         rows=rows,
+        batches=batches,
         partitions=partitions,
         processors=processors,
-        accepted=status.accepted,
-        work_items=status.work_items or 0,
+        accepted=accepted,
+        work_items=sum(status.work_items or 0 for status in done),
         submit_to_complete_seconds=round(waited.seconds, 2),
-        submit_transactions_per_second=round(status.accepted / waited.seconds),
+        submit_transactions_per_second=round(accepted / waited.seconds),
         latency_seconds=round(latency, 2),
-        transactions_per_second=round(status.accepted / latency) if latency else 0.0,
-        phases=_phases(status, submitted),
+        transactions_per_second=round(accepted / latency) if latency else 0.0,
+        phases=_phases(done[0], waited.started),
         cpu_seconds={role: round(seconds, 2) for role, seconds in cpu.items()},
         storage_requests=total,
-        requests_per_1000=round(1000 * total / max(1, status.accepted), 3),
+        requests_per_1000=round(1000 * total / max(1, accepted), 3),
         setup_requests=setup,
-        work_requests_per_1000=round(1000 * (total - setup) / max(1, status.accepted), 3),
-        attributed_requests_per_1000=status.requests_per_1000,
+        work_requests_per_1000=round(1000 * (total - setup) / max(1, accepted), 3),
+        attributed_requests_per_1000=round(1000 * attributed / max(1, accepted), 3),
         requests_by_kind=by_kind,
         peak_rss_mib=rss,
     )
@@ -175,33 +188,52 @@ def run_pipeline(
 
 @dataclass(frozen=True)
 class _Waited:
-    """One ``billing submit --wait``: what it printed and how long the user waited."""
+    """What the users waited: ``billing submit --wait`` for each file, all started together."""
 
-    stdout: str
-    seconds: float
+    started: datetime
+    seconds: float  # from the first start to the last exit
+    batch_ids: list[str]
+    cpu_seconds: float
+    requests: int  # as each client reported them
 
 
-def _submit_and_wait(settings: Settings, batch: Path, data_dir: Path) -> tuple[datetime, _Waited, float, int]:
-    """Run ``billing submit --wait`` as its own process: when it started, what it printed and how
-    long it ran, its CPU seconds and the storage requests it reported."""
-    command = [sys.executable, "-m", "billing", "submit", str(batch), "--wait"]
-    command += ["--pricebook", str(data_dir / "pricebook.csv"), "--taxes", str(data_dir / "taxes.csv")]
+def _submit_and_wait(settings: Settings, files: list[Path], data_dir: Path) -> _Waited:
+    """Run ``billing submit FILE --wait`` for every file at once, each in its own process."""
+    references = ["--pricebook", str(data_dir / "pricebook.csv"), "--taxes", str(data_dir / "taxes.csv")]
+    env = {**os.environ, **settings.as_env()}
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    submitted, started = datetime.now(UTC), time.monotonic()
-    done = subprocess.run(command, env={**os.environ, **settings.as_env()}, capture_output=True, text=True)
-    waited = _Waited(done.stdout, time.monotonic() - started)
+    started, clock = datetime.now(UTC), time.monotonic()
+    clients = [
+        subprocess.Popen(
+            [sys.executable, "-m", "billing", "submit", str(path), "--wait", *references],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for path in files
+    ]
+    outputs = [client.communicate() for client in clients]
+    seconds = time.monotonic() - clock
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    if done.returncode != 0:
-        raise RuntimeError(f"billing submit --wait failed ({done.returncode}): {done.stderr[-2000:]}")
-    cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
-    requests = re.search(r"; (\d+) storage requests\)", done.stdout)
-    return submitted, waited, cpu, int(requests.group(1)) if requests else 0
+    for client, (_, stderr) in zip(clients, outputs, strict=True):
+        if client.returncode != 0:
+            raise RuntimeError(f"billing submit --wait failed ({client.returncode}): {stderr[-2000:]}")
+    printed = [stdout for stdout, _ in outputs]
+    requests = [re.search(r"; (\d+) storage requests\)", stdout) for stdout in printed]
+    return _Waited(
+        started=started,
+        seconds=seconds,
+        batch_ids=[_batch_id(stdout) for stdout in printed],
+        cpu_seconds=after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime,
+        requests=sum(int(found.group(1)) for found in requests if found),
+    )
 
 
-def _batch_id(waited: _Waited) -> str:
-    found = re.search(r"^batch (\S+) submitted", waited.stdout, re.MULTILINE)
+def _batch_id(printed: str) -> str:
+    found = re.search(r"^batch (\S+) submitted", printed, re.MULTILINE)
     if found is None:
-        raise RuntimeError(f"billing submit printed no batch id: {waited.stdout[-2000:]}")
+        raise RuntimeError(f"billing submit printed no batch id: {printed[-2000:]}")
     return found.group(1)
 
 
@@ -237,12 +269,13 @@ def _settled(home: Path, *, roles: int, timeout: float) -> int:
         time.sleep(0.5)
 
 
-def _batch_file(rows: int, data_dir: Path, console: Console) -> Path:
+def _batch_file(rows: int, data_dir: Path, console: Console, *, seed: int = 42) -> Path:
+    """A sample batch of ``rows`` rows (made once, kept in ``data_dir``), and the reference data."""
     data_dir.mkdir(parents=True, exist_ok=True)
-    batch = data_dir / f"bench-{rows}.csv"
+    batch = data_dir / (f"bench-{rows}.csv" if seed == 42 else f"bench-{rows}-{seed}.csv")
     if not batch.exists():
         with console.status(f"generating {rows:,} rows"):
-            generate(rows, batch, seed=42)
+            generate(rows, batch, seed=seed)
     write_price_book(data_dir / "pricebook.csv")
     write_tax_table(data_dir / "taxes.csv")
     return batch
@@ -287,10 +320,14 @@ def run(
     return report
 
 
-def run_main(*, rows: int, repeat: int, data_dir: Path, output: Path, console: Console) -> PipelineRun:
-    """Only the large batch, ``repeat`` times: its table, CPU per role, JSON (all runs) and timeline."""
-    main, main_runs = _main_runs(rows, repeat=repeat, data_dir=data_dir, console=console)
-    table = Table(title=f"{rows:,} transactions, {repeat} runs (local Azurite + SQLite, this machine)")
+def run_main(
+    *, rows: int, repeat: int, data_dir: Path, output: Path, console: Console, batches: int = 1
+) -> PipelineRun:
+    """Only the large batch (or ``batches`` files of its rows, submitted at once), ``repeat`` times:
+    its table, CPU per role, JSON (all runs) and timeline."""
+    main, main_runs = _main_runs(rows, repeat=repeat, data_dir=data_dir, console=console, batches=batches)
+    files = f" in {batches} batches submitted at once" if batches > 1 else ""
+    table = Table(title=f"{rows:,} transactions{files}, {repeat} runs (local Azurite + SQLite, this machine)")
     for column in ("run", "submit → complete s", "tx/s", "accepted → complete s", "requests / 1,000 tx"):
         table.add_column(column, justify="right")
     for number, run_ in enumerate(main_runs, start=1):
@@ -310,12 +347,14 @@ def run_main(*, rows: int, repeat: int, data_dir: Path, output: Path, console: C
     return main
 
 
-def _main_runs(rows: int, *, repeat: int, data_dir: Path, console: Console) -> tuple[PipelineRun, list[PipelineRun]]:
+def _main_runs(
+    rows: int, *, repeat: int, data_dir: Path, console: Console, batches: int = 1
+) -> tuple[PipelineRun, list[PipelineRun]]:
     """The large batch ``repeat`` times: the median run by submit → complete, and all of them."""
     runs = []
     for attempt in range(repeat):
         with console.status(f"{rows:,} transactions, run {attempt + 1} of {repeat}"):
-            runs.append(run_pipeline(rows, data_dir=data_dir, console=console))
+            runs.append(run_pipeline(rows, data_dir=data_dir, console=console, batches=batches))
     return sorted(runs, key=lambda r: r.submit_to_complete_seconds)[(len(runs) - 1) // 2], runs
 
 

@@ -9,12 +9,12 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 from types import ModuleType
+from typing import TYPE_CHECKING
 
 import click
 from rich.console import Console
 from rich.markup import escape
 
-from controller import reports
 from controller.store import Store
 from shared.errors import BillingError
 from shared.logs import configure_logging, redact
@@ -26,8 +26,11 @@ from shared.messaging.syphon import backlog_depths
 from shared.rules.sample import generate, write_price_book, write_tax_table
 from shared.settings import Settings
 
-from . import client, cost, demo, poison, progress
+from . import client, cost, poison, progress
 from .stack import AzuriteStack, resolve
+
+if TYPE_CHECKING:
+    from controller import reports
 
 console = Console(stderr=True)
 ROLES = ("initiator", "processor", "controller")
@@ -163,6 +166,8 @@ async def _backlog(settings: Settings) -> dict[str, int]:
 @click.option("--output", type=click.Path(dir_okay=False, path_type=Path))
 def report(kind: str, batch_id: str, fmt: reports.Format, output: Path | None) -> None:
     """Print or write a report of one batch."""
+    from controller import reports  # pandas and the report writers: only for the commands that report
+
     settings = Settings()
     with Store(settings.sql_url_value) as store:
         frame = getattr(reports, kind)(store, batch_id)
@@ -259,6 +264,8 @@ def reference_command(out_dir: Path) -> None:
 @click.option("--seed", type=int, default=1)
 def demo_command(rows: int, seed: int) -> None:
     """Run the whole pipeline locally on a sample batch and print the results."""
+    from . import demo  # the reports it prints load pandas
+
     demo.run(rows=rows, seed=seed, console=console)
 
 
@@ -290,6 +297,13 @@ def bench_listener_command(trials: int, idle_seconds: float, output: Path) -> No
     "--repeat", type=click.IntRange(1), default=3, show_default=True, help="Runs of the large batch (median)."
 )
 @click.option("--main-only", is_flag=True, help="Only the large batch: no naive design, listener or scaling runs.")
+@click.option(
+    "--batches",
+    type=click.IntRange(1),
+    default=1,
+    show_default=True,
+    help="With --main-only: split into files sent at once.",
+)
 def bench_command(
     rows: int,
     compare_rows: int,
@@ -299,12 +313,13 @@ def bench_command(
     output: Path,
     repeat: int,
     main_only: bool,
+    batches: int,
 ) -> None:
     """Measure the pipeline against the naive design: submit → complete, throughput, CPU per role,
     requests, idle cost, memory (JSON + PNG charts)."""
     bench = _benchmark("pipeline")
     if main_only:
-        bench.run_main(rows=rows, repeat=repeat, data_dir=data_dir, output=output, console=console)
+        bench.run_main(rows=rows, repeat=repeat, data_dir=data_dir, output=output, console=console, batches=batches)
         return
     bench.run(
         repeat=repeat,

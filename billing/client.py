@@ -151,7 +151,7 @@ def wait_for(
             return status
         if deadline is not None and time.monotonic() > deadline:
             return status
-        time.sleep(0.25)
+        time.sleep(0.1)
 
 
 async def _announce(settings: Settings, storage: Storage) -> None:

@@ -129,6 +129,7 @@ def _run(mode: str, work_requests_per_1000: float) -> PipelineRun:
     return PipelineRun(
         mode=mode,  # type: ignore[arg-type]
         rows=1000,
+        batches=1,
         partitions=4,
         processors=1,
         accepted=1000,
