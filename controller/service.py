@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
+from typing import TypeVar
 
 from azure.storage.queue import QueueMessage
 
@@ -36,6 +39,8 @@ from .store import Store
 
 log = logging.getLogger(__name__)
 
+T = TypeVar("T")
+
 #: Longest wait between two looks for batches whose claim-check blobs are due for deletion.
 CLEAN_UP_INTERVAL = 60.0
 
@@ -56,6 +61,7 @@ class Controller(Service):
     ) -> None:
         super().__init__(storage=storage, settings=settings, triggers=triggers, burst=burst)
         self.store = store
+        self._sql = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sql")
         self.claim_check = ClaimCheck(storage, container=settings.work_container, limit=settings.max_message_bytes)
         # SQL writes serialise per batch anyway: one dequeue task, full batches.
         poison = PoisonQueue(
@@ -96,7 +102,8 @@ class Controller(Service):
                 poisoned[message.id] = str(exc)
         if manifests or results or notices:
             requests = _requests_by_batch(charged, own=max(0, tally.take() - sum(stamp for stamp, _ in charged)))
-            outcome = await asyncio.to_thread(self.store.apply, manifests, results, notices, requests=requests)
+            apply = functools.partial(self.store.apply, manifests, results, notices, requests=requests)
+            outcome = await self._in_sql_thread(apply)
             for batch_id in outcome.completed_batches:
                 log.info("batch %s complete", batch_id)
             for batch_id in outcome.failed_batches:
@@ -110,13 +117,19 @@ class Controller(Service):
         Costs storage requests only when a batch is due: finding batches is a SQL query.
         """
         settled_before = datetime.now(UTC) - timedelta(seconds=self.settings.claim_check_retention)
-        for batch_id in await asyncio.to_thread(self.store.claims_to_delete, settled_before):
+        for batch_id in await self._in_sql_thread(functools.partial(self.store.claims_to_delete, settled_before)):
             deleted = await self.claim_check.delete_batch(batch_id)
-            await asyncio.to_thread(self.store.mark_claims_deleted, batch_id)
+            await self._in_sql_thread(functools.partial(self.store.mark_claims_deleted, batch_id))
             log.info("batch %s: %d claim-check blobs deleted", batch_id, deleted)
 
     async def aclose(self) -> None:
-        await asyncio.to_thread(self.store.close)
+        await self._in_sql_thread(self.store.close)
+        self._sql.shutdown()
+
+    def _in_sql_thread(self, work: Callable[[], T]) -> asyncio.Future[T]:
+        """Run blocking SQL work on the controller's one SQL thread (work spread over many threads
+        keeps a malloc arena of freed memory each: 480 MiB peak RSS instead of 375 for 1M rows)."""
+        return asyncio.get_running_loop().run_in_executor(self._sql, work)
 
 
 def _transactions_by_batch(results: list[WorkItemResult]) -> dict[str, int]:

@@ -9,6 +9,7 @@ import itertools
 import logging
 import tempfile
 from collections.abc import AsyncIterator, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -64,6 +65,9 @@ class Initiator(Service):
         self.claim_check = ClaimCheck(storage, container=settings.work_container, limit=settings.max_message_bytes)
         self.references = ReferenceStore(storage, container=settings.reference_container)
         self._sends = asyncio.Semaphore(settings.max_concurrent_sends)
+        # Files are cut on one thread of their own: allocations spread over many threads keep a malloc
+        # arena of freed memory each (measured for 1M rows: 570-680 MiB peak RSS instead of 375-410).
+        self._cutter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="debatch")
         # One request is a whole file: take one at a time, keep its lease renewed.
         self.listen(
             settings.requests_queue,
@@ -142,7 +146,7 @@ class Initiator(Service):
         async with asyncio.TaskGroup() as sends:
             for seq in itertools.count():
                 try:
-                    item = await asyncio.to_thread(next, items, None)
+                    item = await asyncio.get_running_loop().run_in_executor(self._cutter, next, items, None)
                 except Exception as exc:
                     stopped = exc
                     break
@@ -179,6 +183,9 @@ class Initiator(Service):
         phases.sent()
         if first:
             await self.announce({queue: (1, header.rows)})
+
+    async def aclose(self) -> None:
+        await asyncio.to_thread(self._cutter.shutdown)
 
     async def _report(
         self, request: BatchRequest, debatch: Debatch | None, phases: _Phases, *, refused: str | None = None
