@@ -33,11 +33,11 @@ from shared.errors import (
 )
 from shared.messaging.backoff import patiently
 from shared.messaging.envelope import ClaimCheck
-from shared.messaging.listener import ListenerSettings, QueueListener
 from shared.messaging.poison import PoisonQueue, poison_queue_name
 from shared.messaging.service import Service
 from shared.messaging.storage import Storage
 from shared.settings import Settings
+from support.listeners import listener_on
 from support.waiting import wait_until_async
 
 REFUSED = "BILLING_REFERENCE_CONTAINER names a container this account may not read"
@@ -101,18 +101,6 @@ async def test_patiently_retries_only_transient_errors(monkeypatch: pytest.Monke
         await patiently("storage", refused)
 
 
-def _listener(storage: Storage, settings: Settings, queue: str, handler, **overrides) -> QueueListener:  # type: ignore[no-untyped-def]
-    claim_check = ClaimCheck(storage, container=settings.work_container, limit=settings.max_message_bytes)
-    return QueueListener(
-        queue=storage.queue(queue),
-        handler=handler,
-        poison=PoisonQueue(storage, claim_check),
-        settings=ListenerSettings.from_settings(settings, **overrides),
-        counter=storage.counter,
-        burst=False,
-    )
-
-
 async def _refuse(messages: list[QueueMessage]) -> Mapping[str, str]:
     raise ConfigurationError(REFUSED)
 
@@ -123,7 +111,7 @@ async def test_a_configuration_error_in_the_handler_stops_the_listener_and_hands
     queue = storage.queue(settings_env.requests_queue)
     await queue.send_message("needs the right settings")
     # Not burst: only the error can end the run. A long lease: only a hand-back makes it visible soon.
-    listener = _listener(storage, settings_env, settings_env.requests_queue, _refuse, visibility_timeout=600)
+    listener = listener_on(storage, settings_env, _refuse, burst=False, visibility_timeout=600)
     with pytest.raises(ConfigurationError, match="may not read"):
         await asyncio.wait_for(listener.run(), timeout=15)
     again = [m async for m in queue.receive_messages(max_messages=32)]
@@ -146,9 +134,7 @@ async def test_other_errors_in_the_handler_keep_the_listener_going(storage: Stor
             raise InfrastructureError("SQL store unavailable")
         return {}
 
-    listener = _listener(
-        storage, settings_env, settings_env.requests_queue, flaky, visibility_timeout=1, max_idle_interval=0.2
-    )
+    listener = listener_on(storage, settings_env, flaky, burst=False, visibility_timeout=1, max_idle_interval=0.2)
     runner = asyncio.create_task(listener.run())
     async with asyncio.timeout(20):  # redelivered
         await wait_until_async(lambda: listener.state().processed >= 1)

@@ -10,20 +10,19 @@ from collections.abc import Callable, Mapping
 
 from azure.storage.queue import QueueMessage
 
-from shared.messaging.envelope import ClaimCheck
 from shared.messaging.listener import (
     SCALE_RULES,
     ListenerSettings,
     Load,
-    QueueListener,
     at_idle_cap,
     drain_rule,
     idle_delay,
     whitepaper_rule,
 )
-from shared.messaging.poison import PoisonQueue, poison_queue_name
+from shared.messaging.poison import poison_queue_name
 from shared.messaging.storage import Storage
 from shared.settings import Settings
+from support.listeners import listener_on
 from support.waiting import wait_until_async
 
 
@@ -69,18 +68,6 @@ def test_whitepaper_rule_is_the_fixed_table() -> None:
     assert SCALE_RULES["whitepaper"] is whitepaper_rule
 
 
-def _listener(storage: Storage, settings: Settings, handler, *, burst: bool = True, **overrides) -> QueueListener:  # type: ignore[no-untyped-def]
-    claim_check = ClaimCheck(storage, container=settings.work_container, limit=settings.max_message_bytes)
-    return QueueListener(
-        queue=storage.queue(settings.requests_queue),
-        handler=handler,
-        poison=PoisonQueue(storage, claim_check),
-        settings=ListenerSettings.from_settings(settings, **overrides),
-        counter=storage.counter,
-        burst=burst,
-    )
-
-
 async def _until(predicate: Callable[[], object], seconds: float = 15.0) -> None:
     """:func:`wait_until_async`, bounded: fails the test after ``seconds``."""
     async with asyncio.timeout(seconds):
@@ -112,7 +99,7 @@ async def test_burst_drains_in_batches_and_deletes_after_handler(storage: Storag
         return {}
 
     before = storage.counter.snapshot()
-    listener = _listener(storage, settings_env, handler, max_tasks=1)
+    listener = listener_on(storage, settings_env, handler, max_tasks=1)
     await listener.run()
     assert sorted(c for batch in seen for c in batch) == sorted(f"m{i}" for i in range(70))
     assert max(len(b) for b in seen) == 32
@@ -130,7 +117,7 @@ async def test_failed_handler_leaves_messages_for_redelivery(storage: Storage, s
     async def failing(messages: list[QueueMessage]) -> Mapping[str, str]:
         raise RuntimeError("boom")
 
-    listener = _listener(storage, settings_env, failing, visibility_timeout=1)
+    listener = listener_on(storage, settings_env, failing, visibility_timeout=1)
     await listener.run()
     assert listener.state().failed_batches == 1
     await asyncio.sleep(1.5)
@@ -151,7 +138,7 @@ async def test_poison_by_handler_reason_and_by_dequeue_count(storage: Storage, s
     async def handler(messages: list[QueueMessage]) -> Mapping[str, str]:
         return {m.id: "bad_envelope: not json" for m in messages if m.content == "bad"}
 
-    listener = _listener(storage, settings_env, handler, max_dequeue_count=2)
+    listener = listener_on(storage, settings_env, handler, max_dequeue_count=2)
     await listener.run()
     poison = storage.queue(poison_queue_name(settings_env.requests_queue))
     found = [json.loads(m.content) async for m in poison.receive_messages(max_messages=32)]
@@ -172,7 +159,7 @@ async def test_lease_is_renewed_for_long_work(storage: Storage, settings_env: Se
         await asyncio.sleep(4)  # twice the visibility timeout
         return {}
 
-    listener = _listener(storage, settings_env, slow, visibility_timeout=2, max_tasks=2)
+    listener = listener_on(storage, settings_env, slow, visibility_timeout=2, max_tasks=2)
     await listener.run()
     assert calls == 1  # never redelivered while being worked on
     assert (await queue.get_queue_properties()).approximate_message_count == 0
@@ -183,7 +170,7 @@ FAST_IDLE = {"min_idle_interval": 0.0, "max_idle_interval": 0.4, "backoff_delta"
 
 async def test_pull_mode_scales_up_on_detected_work_and_down_to_one(storage: Storage, settings_env: Settings) -> None:
     seen: list[str] = []
-    listener = _listener(storage, settings_env, _recorder(seen, 0.05), burst=False, max_tasks=4, **FAST_IDLE)
+    listener = listener_on(storage, settings_env, _recorder(seen, 0.05), burst=False, max_tasks=4, **FAST_IDLE)
     runner = asyncio.create_task(listener.run())
     await _until(lambda: listener.state().idle_polls >= 3)  # idling with its one task
     assert listener.state().active_tasks == 1
@@ -201,7 +188,7 @@ async def test_pull_mode_scales_up_on_detected_work_and_down_to_one(storage: Sto
 
 async def test_push_mode_scales_to_zero_and_up_on_a_trigger(storage: Storage, settings_env: Settings) -> None:
     seen: list[str] = []
-    listener = _listener(
+    listener = listener_on(
         storage,
         settings_env,
         _recorder(seen, 0.05),
@@ -228,7 +215,7 @@ async def test_push_mode_scales_to_zero_and_up_on_a_trigger(storage: Storage, se
 
 async def test_push_mode_safety_poll_finds_work_without_a_trigger(storage: Storage, settings_env: Settings) -> None:
     seen: list[str] = []
-    listener = _listener(
+    listener = listener_on(
         storage, settings_env, _recorder(seen), burst=False, push=True, safety_poll_interval=0.5, **FAST_IDLE
     )
     runner = asyncio.create_task(listener.run())
@@ -250,14 +237,14 @@ async def test_graceful_stop_finishes_in_flight_work_once(storage: Storage, sett
         return {}
 
     await _send(storage, settings_env, 100)
-    listener = _listener(storage, settings_env, slow, burst=False, max_tasks=2, **FAST_IDLE)
+    listener = listener_on(storage, settings_env, slow, burst=False, max_tasks=2, **FAST_IDLE)
     runner = asyncio.create_task(listener.run())
     await started.wait()
     listener.stop()
     await asyncio.wait_for(runner, timeout=10)
     assert 0 < len(seen) < 100  # what was in flight finished; nothing new was taken
     first = list(seen)
-    rest = _listener(storage, settings_env, _recorder(seen), max_tasks=1)
+    rest = listener_on(storage, settings_env, _recorder(seen), max_tasks=1)
     await rest.run()
     assert sorted(seen) == sorted(f"m{i}" for i in range(100))  # none lost, none twice
     assert len(first) == listener.state().processed
@@ -274,7 +261,7 @@ async def test_next_receive_overlaps_processing(storage: Storage, settings_env: 
         return {}
 
     await _send(storage, settings_env, 64)
-    listener = _listener(storage, settings_env, handler, max_tasks=1)
+    listener = listener_on(storage, settings_env, handler, max_tasks=1)
     await listener.run()
     (_, first_end), (second_start, _) = windows
     # The second batch was received while the first was being handled: it starts right away.
@@ -284,7 +271,7 @@ async def test_next_receive_overlaps_processing(storage: Storage, settings_env: 
 
 async def test_receive_errors_are_reported_and_the_task_goes_on(storage: Storage, settings_env: Settings) -> None:
     seen: list[str] = []
-    listener = _listener(storage, settings_env, _recorder(seen), burst=False, **FAST_IDLE)
+    listener = listener_on(storage, settings_env, _recorder(seen), burst=False, **FAST_IDLE)
     queue = storage.queue(settings_env.requests_queue)
     real_receive = queue.receive_messages
     failures = 2
@@ -311,7 +298,7 @@ async def test_receive_errors_are_reported_and_the_task_goes_on(storage: Storage
 async def test_a_trigger_cuts_an_idle_sleep_short(storage: Storage, settings_env: Settings) -> None:
     seen: list[str] = []
     # After its first empty poll the task sleeps at least ten minutes: only wake() can bring it back.
-    listener = _listener(
+    listener = listener_on(
         storage, settings_env, _recorder(seen), burst=False, min_idle_interval=600, max_idle_interval=3600
     )
     runner = asyncio.create_task(listener.run())
@@ -325,7 +312,7 @@ async def test_a_trigger_cuts_an_idle_sleep_short(storage: Storage, settings_env
 
 async def test_a_trigger_during_an_empty_poll_is_not_lost(storage: Storage, settings_env: Settings) -> None:
     seen: list[str] = []
-    listener = _listener(
+    listener = listener_on(
         storage, settings_env, _recorder(seen), burst=False, min_idle_interval=600, max_idle_interval=3600
     )
     polled, answer = asyncio.Event(), asyncio.Event()
@@ -358,7 +345,7 @@ async def test_cancelled_handling_hands_messages_back_at_once(storage: Storage, 
         return {}
 
     await _send(storage, settings_env, 3)
-    listener = _listener(storage, settings_env, stuck, burst=False, visibility_timeout=600)
+    listener = listener_on(storage, settings_env, stuck, burst=False, visibility_timeout=600)
     runner = asyncio.create_task(listener.run())
     await asyncio.wait_for(handling.wait(), timeout=15)
     listener.stop()
