@@ -36,8 +36,8 @@ from .pipe import BlockPipe
 log = logging.getLogger(__name__)
 
 
-#: Room a work item's envelope needs beside its payload (headers, framing, the stamp).
-ENVELOPE_ALLOWANCE = 2048
+#: Room a work item's headers take in its message (ids, reference hashes, checksum), as JSON.
+WORK_HEADER_BYTES = 1024
 
 
 @dataclass
@@ -101,7 +101,7 @@ class Initiator(Service):
                 price_book,
                 tax_table,
                 work_item_size=self.settings.work_item_size,
-                inline_bytes=(self.settings.max_message_bytes - ENVELOPE_ALLOWANCE) * 3 // 4,
+                inline_bytes=self.claim_check.inline_bytes(header_bytes=WORK_HEADER_BYTES),
             )
             async with self._inbox_file(request) as source:
                 await self._enqueue(request, debatch.items(source, request.fmt), phases)

@@ -24,6 +24,7 @@ from .rules.schemas import PARTIAL_SCHEMA, REJECT_SCHEMA
 
 REQUEST, WORK, RESULTS, MANIFEST, POISONED = "request", "work", "results", "manifest", "poisoned"
 T = TypeVar("T")
+_log = logging.getLogger(__name__)
 
 
 def encode_table(table: pa.Table) -> bytes:
@@ -101,6 +102,9 @@ class BatchRequest:
     accepted_at: datetime
     uploaded_at: datetime | None = None
 
+    #: The fields that are datetimes on the wire (ISO 8601 text).
+    TIMES = ("accepted_at", "uploaded_at")
+
 
 @dataclass(frozen=True)
 class WorkHeader:
@@ -114,11 +118,11 @@ class WorkHeader:
 
 
 def request_envelope(request: BatchRequest) -> Envelope:
-    return Envelope(REQUEST, _with_times(request.__dict__, ("accepted_at", "uploaded_at")))
+    return Envelope(REQUEST, _with_times(request.__dict__, BatchRequest.TIMES))
 
 
 def parse_request(envelope: Envelope) -> BatchRequest:
-    return _build(BatchRequest, _read_times(_expect(envelope, REQUEST), ("accepted_at", "uploaded_at")))
+    return _build(BatchRequest, _read_times(_expect(envelope, REQUEST), BatchRequest.TIMES))
 
 
 def work_envelope(header: WorkHeader, encoded: bytes) -> Envelope:
@@ -248,9 +252,6 @@ def _build(cls: type[T], fields: dict[str, Any]) -> T:
         return cls(**fields)
     except (TypeError, ValueError) as exc:
         raise PoisonMessage("bad_envelope", f"{cls.__name__}: {exc}") from exc
-
-
-_log = logging.getLogger(__name__)
 
 
 def notify_controller(claim_check: ClaimCheck, results_queue: str) -> OnPoisoned:
