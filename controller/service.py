@@ -6,12 +6,13 @@ import asyncio
 import functools
 import logging
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from typing import TypeVar
 
 from azure.storage.queue import QueueMessage
+from prometheus_client import Histogram
 
 from shared.errors import PoisonMessage
 from shared.messaging import tally
@@ -43,6 +44,8 @@ T = TypeVar("T")
 
 #: Longest wait between two looks for batches whose claim-check blobs are due for deletion.
 CLEAN_UP_INTERVAL = 60.0
+#: Batch latency histogram buckets, seconds: a small batch takes about one, 1 M rows about ten.
+LATENCY_BUCKETS = (0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
 
 
 class Controller(Service):
@@ -71,6 +74,12 @@ class Controller(Service):
         self.repeat(min(CLEAN_UP_INTERVAL, max(1.0, settings.claim_check_retention)), self.clean_up)
         if storage.secondary is not None and settings.enable_syphon:
             add_syphon(self)
+        self.batch_latency = Histogram(
+            "billing_batch_latency_seconds",
+            "Batches completed, by seconds from accepted to complete",
+            buckets=LATENCY_BUCKETS,
+            registry=self.metrics,
+        )
 
     @classmethod
     async def create(
@@ -106,6 +115,8 @@ class Controller(Service):
             outcome = await self._in_sql_thread(apply)
             for batch_id in outcome.completed_batches:
                 log.info("batch %s complete", batch_id)
+            for latency in outcome.latency_seconds.values():
+                self.batch_latency.observe(latency)
             for batch_id in outcome.failed_batches:
                 log.error("batch %s failed: work items went to a poison queue (see `billing poison list`)", batch_id)
         # Committed: the listener may now delete these messages.
@@ -121,6 +132,10 @@ class Controller(Service):
             deleted = await self.claim_check.delete_batch(batch_id)
             await self._in_sql_thread(functools.partial(self.store.mark_claims_deleted, batch_id))
             log.info("batch %s: %d claim-check blobs deleted", batch_id, deleted)
+
+    def readiness(self) -> dict[str, Callable[[], Awaitable[object]]]:
+        # Not on the SQL thread: a ping must not wait behind a long fold.
+        return {**super().readiness(), "sql": lambda: asyncio.to_thread(self.store.ping)}
 
     async def aclose(self) -> None:
         await self._in_sql_thread(self.store.close)

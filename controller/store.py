@@ -120,6 +120,8 @@ class ApplyOutcome:
     duplicate_items: int
     completed_batches: list[str] = field(default_factory=list)
     failed_batches: list[str] = field(default_factory=list)
+    #: Seconds from accepted to complete of each completed batch (those with a manifest).
+    latency_seconds: dict[str, float] = field(default_factory=dict)
 
 
 class Store:
@@ -151,6 +153,11 @@ class Store:
                 conn.execute(sa.select(sa.func.pg_advisory_xact_lock(_MIGRATION_LOCK)))
             config.attributes["connection"] = conn
             command.upgrade(config, "head")
+
+    def ping(self) -> None:
+        """One round trip to the database (raises when it cannot be reached)."""
+        with self._engine.connect() as conn:
+            conn.execute(sa.text("SELECT 1"))
 
     def close(self) -> None:
         """Release every pooled connection."""
@@ -265,6 +272,9 @@ class Store:
             duplicate_items=len(results) - len(new) - len(recovered),
             completed_batches=completed,
             failed_batches=failed,
+            latency_seconds={
+                b: rows[b]["latency_seconds"] for b in completed if rows[b]["latency_seconds"] is not None
+            },
         )
 
     def mark_claims_deleted(self, batch_id: str) -> None:

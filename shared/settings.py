@@ -83,6 +83,11 @@ class Settings(BaseSettings):
     retry_backoff: float = Field(default=0.5, gt=0)
     request_timeout: float = Field(default=30.0, gt=0)
 
+    # Health and metrics for orchestrators: /healthz, /readyz, /metrics on this port (0: any free one,
+    # written to the role's state file); off when unset.
+    health_port: int | None = Field(default=None, ge=0, le=65535)
+    health_host: str = "0.0.0.0"  # a pod's probes and scrapes come from outside it
+
     # Graceful stop: how long in-flight work may take after SIGTERM/SIGINT.
     shutdown_deadline: float = Field(default=30.0, gt=0)
 

@@ -9,10 +9,13 @@ import logging
 import os
 import resource
 import signal
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+
+from prometheus_client import CollectorRegistry
 
 from ..errors import ConfigurationError
 from ..settings import Settings
@@ -24,6 +27,7 @@ from .triggers import TriggerBus, TriggerEvent
 log = logging.getLogger(__name__)
 
 STATE_INTERVAL = 2.0  # seconds between refreshes of a role's state file
+HEARTBEAT_INTERVAL = 1.0  # seconds between beats of a running service (its liveness, see shared.messaging.health)
 
 
 class Service:
@@ -44,6 +48,11 @@ class Service:
         self.burst = burst
         self.listeners: list[QueueListener] = []
         self._chores: list[tuple[float, Callable[[], Awaitable[None]]]] = []
+        #: Metrics of the role's own (served at ``/metrics`` with the listeners' counters).
+        self.metrics = CollectorRegistry()
+        #: ``time.monotonic()`` of the last beat: renewed every second while :meth:`run` runs.
+        self.heartbeat = time.monotonic()
+        self.health_port: int | None = None  # where /healthz, /readyz and /metrics are served, if they are
         if triggers is not None:
             triggers.subscribe(self._on_trigger)
 
@@ -98,7 +107,9 @@ class Service:
             await self.triggers.start()
         listeners = [asyncio.create_task(listener.run(), name=listener.name) for listener in self.listeners]
         chores = [asyncio.create_task(_repeating(interval, chore)) for interval, chore in self._chores]
-        tasks = [*listeners, *chores, *([asyncio.create_task(self._keep_state(state_file))] if state_file else [])]
+        tasks = [*listeners, *chores, asyncio.create_task(self._beat())]
+        if state_file is not None:
+            tasks.append(asyncio.create_task(self._keep_state(state_file)))
         try:
             await self._until_stopped(listeners)
         finally:
@@ -127,6 +138,11 @@ class Service:
             await asyncio.wait(pending, timeout=self.settings.shutdown_deadline)
         raise error
 
+    async def _beat(self) -> None:
+        while True:
+            self.heartbeat = time.monotonic()
+            await asyncio.sleep(HEARTBEAT_INTERVAL)
+
     async def _keep_state(self, state_file: Path) -> None:
         while True:
             self._write_state(state_file)
@@ -143,6 +159,10 @@ class Service:
         for listener in self.listeners:
             listener.stop()
 
+    def readiness(self) -> dict[str, Callable[[], Awaitable[object]]]:
+        """What must answer for the role to be ready, by name: one request each (``/readyz``)."""
+        return {"storage": self.storage.queue(self.settings.results_queue).get_queue_properties}
+
     async def aclose(self) -> None:
         """Release what the role holds besides storage (pools, SQL); :meth:`run` calls it as it ends."""
 
@@ -157,6 +177,7 @@ class Service:
             "failover": self.storage.failover.state() if self.storage.failover else {},
             "peak_rss_mib": peak_rss_mib(),
             "peak_child_rss_mib": peak_rss_mib(children=True),
+            "health_port": self.health_port,
         }
 
 
