@@ -1,4 +1,5 @@
-"""Reports of one batch, read from the store into pandas, and written as a table, CSV, JSON or Parquet.
+"""Reports of one batch or across batches (`controller.queries`), as pandas frames written as a table, CSV,
+JSON or Parquet.
 
 Money columns (``net``, ``tax``, ``total``) hold Python ints (object dtype), never floats, whatever their
 size; ``quantity`` is a plain decimal string ("12.5", "3", "0").
@@ -7,10 +8,10 @@ size; ``quantity`` is a plain decimal string ("12.5", "3", "0").
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from datetime import date
 from decimal import Decimal, localcontext
 from pathlib import Path
-from typing import Any, Literal, Protocol, cast
+from typing import Any, Literal
 
 import numpy as np
 import pandas as pd
@@ -18,8 +19,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import sqlalchemy as sa
 
+from shared.errors import InputError
+
+from . import queries
+from .queries import Filters
 from .schema import EXACT
-from .schema import aggregates as aggregates_table
 from .schema import rejects as rejects_table
 from .store import Store
 
@@ -34,68 +38,31 @@ Format = Literal["table", "csv", "json", "parquet"]
 _FORMULA_PREFIXES = ("=", "+", "-", "@", "\t", "\r")
 
 
-def aggregates(source: Store | sa.Engine, batch_id: str) -> pd.DataFrame:
-    """The batch's aggregates per (account_id, product, billing_day), sorted by that key."""
-    t = aggregates_table
-    query = sa.select(
-        t.c.account_id,
-        t.c.product,
-        t.c.billing_day,
-        t.c.currency,
-        t.c.transactions,
-        t.c.quantity,
-        t.c.net,
-        t.c.tax,
-        t.c.total,
-    ).where(t.c.batch_id == batch_id)
-    with _engine(source).connect() as conn:
-        records = [
-            (
-                r.account_id,
-                r.product,
-                r.billing_day.isoformat(),
-                r.currency,
-                r.transactions,
-                format_quantity(r.quantity),
-                int(r.net),
-                int(r.tax),
-                int(r.total),
-            )
-            for r in conn.execute(query)
-        ]
-    return _frame(sorted(records), AGGREGATE_COLUMNS)  # sorted here: the same order whatever the SQL collation
+def aggregates(source: Store | sa.Engine, selection: str | Filters) -> pd.DataFrame:
+    """Aggregates per (account_id, product, billing_day, currency), sorted by that key: of one batch (its id),
+    or summed over the batches ``selection`` (:class:`~controller.queries.Filters`) counts."""
+    return _report(queries.aggregates_of(source, _filters(selection)), selection, AGGREGATE_COLUMNS)
 
 
-class _AggregateRow(Protocol):
-    """The fields of an :func:`aggregates` row that :func:`invoices` reads (money as Python ints)."""
-
-    account_id: str
-    billing_day: str
-    currency: str
-    net: int
-    tax: int
-    total: int
+def invoices(source: Store | sa.Engine, selection: str | Filters) -> pd.DataFrame:
+    """Invoices per (account_id, billing_period YYYY-MM, currency): exact sums of the aggregates of one batch
+    (its id), or of the batches ``selection`` counts (by default every complete batch)."""
+    return _report(queries.invoices(source, _filters(selection)), selection, INVOICE_COLUMNS)
 
 
-def invoices(source: Store | sa.Engine, batch_id: str) -> pd.DataFrame:
-    """The batch's invoices per (account_id, billing_period YYYY-MM, currency): exact sums of its aggregates."""
-    sums: dict[tuple[str, str, str], list[int]] = {}
-    rows = cast("Iterable[_AggregateRow]", aggregates(source, batch_id).itertuples(index=False))
-    for r in rows:
-        totals = sums.setdefault((r.account_id, r.billing_day[:7], r.currency), [0, 0, 0])
-        totals[0] += r.net
-        totals[1] += r.tax
-        totals[2] += r.total
-    return _frame([(*key, *values) for key, values in sorted(sums.items())], INVOICE_COLUMNS)
-
-
-def rejects(source: Store | sa.Engine, batch_id: str) -> pd.DataFrame:
-    """The batch's rejected rows (1-based row number, reason code, raw row as JSON text), by row."""
+def rejects(source: Store | sa.Engine, selection: str | Filters) -> pd.DataFrame:
+    """The rejected rows (1-based row number, reason code, raw row as JSON text) of one batch, by row; or of
+    the batches ``selection`` names (with a ``batch_id`` column)."""
+    batch_ids = _filters(selection).batches
+    if not batch_ids:
+        raise InputError("rejects are per batch: name the batch(es)")
     t = rejects_table
-    query = sa.select(t.c.row, t.c.reason, t.c.raw).where(t.c.batch_id == batch_id).order_by(t.c.row)
+    query = sa.select(t.c.batch_id, t.c.row, t.c.reason, t.c.raw).where(t.c.batch_id.in_(batch_ids))
     with _engine(source).connect() as conn:
-        records = [tuple(r) for r in conn.execute(query)]
-    return _frame(records, REJECT_COLUMNS)
+        records = sorted(tuple(r) for r in conn.execute(query.order_by(t.c.batch_id, t.c.row)))
+    if isinstance(selection, str):
+        return _frame([record[1:] for record in records], REJECT_COLUMNS)
+    return _frame(records, ["batch_id", *REJECT_COLUMNS])
 
 
 def format_quantity(value: Decimal) -> str:
@@ -131,6 +98,33 @@ def write_report(df: pd.DataFrame, fmt: Format, output: Path | None = None) -> s
         return text
     output.write_text(text if text.endswith("\n") else text + "\n", encoding="utf-8")
     return None
+
+
+def _filters(selection: str | Filters) -> Filters:
+    return Filters(batches=(selection,)) if isinstance(selection, str) else selection
+
+
+def _report(result: queries.Result, selection: str | Filters, columns: list[str]) -> pd.DataFrame:
+    """``result`` as a frame of ``columns`` (quantity as plain text), with a ``batches`` column (the batch ids
+    each row sums, space-separated) unless it is one batch's; ``attrs`` keep the batches included and excluded."""
+    one_batch = isinstance(selection, str)
+    records = [
+        (
+            *(_text(row[name]) for name in columns),
+            *(() if one_batch else (" ".join(row["batches"]),)),
+        )
+        for row in result.rows
+    ]
+    df = _frame(records, columns if one_batch else [*columns, "batches"])
+    df.attrs.update(batches=result.batches, excluded=result.excluded)
+    return df
+
+
+def _text(value: Any) -> Any:
+    """Report cells: days as ISO text, quantities as plain decimal text, the rest as they are."""
+    if isinstance(value, date):
+        return value.isoformat()
+    return format_quantity(value) if isinstance(value, Decimal) else value
 
 
 def _engine(source: Store | sa.Engine) -> sa.Engine:

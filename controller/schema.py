@@ -154,3 +154,9 @@ rejects = sa.Table(
     sa.Column("reason", sa.String(64), nullable=False),
     sa.Column("raw", sa.Text, nullable=False),
 )
+
+# The cross-batch report filters (controller.queries; migration 0005).
+sa.Index("ix_aggregates_account_day", aggregates.c.account_id, aggregates.c.billing_day)
+sa.Index("ix_aggregates_product_day", aggregates.c.product, aggregates.c.billing_day)
+sa.Index("ix_aggregates_day", aggregates.c.billing_day)
+sa.Index("ix_batches_state", batches.c.state)

@@ -1,0 +1,221 @@
+"""Queries across batches (``controller.queries``) and ``billing report``'s filters, on SQLite and PostgreSQL.
+
+Stores are filled with the store's own ``apply`` from ``support.records`` builders: for the cross-batch
+invoices, with the reference model's aggregates of real sample batch files (rated row by row, nothing from
+the pipeline), so the store's grouping is checked against independent figures.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import uuid
+from collections import defaultdict
+from collections.abc import Iterator
+from datetime import date
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+
+from controller import queries, reports
+from controller.queries import Filters
+from controller.store import Store
+from shared.protocol import PoisonNotice
+from shared.rules.sample import generate
+from support.exact import expected, read_raw
+from support.records import manifest, partial, result
+
+BIG = 9 * 10**18  # two of these pass 2^63
+
+
+@pytest.fixture
+def store(sql_url: str) -> Iterator[Store]:
+    with Store(sql_url) as opened:
+        yield opened
+
+
+def _load_reference_batch(store: Store, batch_id: str, path: Path, *, items: int, recorded: int | None = None) -> Any:
+    """Record the reference model's aggregates of ``path`` as batch ``batch_id`` in ``items`` work items (only
+    the first ``recorded`` of them: the batch stays processing); the model's invoices."""
+    aggregates, invoices, _ = expected(read_raw(path))
+    rows = [partial(r["account_id"], product=r["product"], day=r["billing_day"], currency=r["currency"],
+                    transactions=r["transactions"], quantity=r["quantity"], net=r["net"], tax=r["tax"])
+            for r in aggregates]  # fmt: skip
+    chunks = [rows[i::items] for i in range(items)]
+    results = [result(f"{batch_id}:{i}", *chunk, batch_id=batch_id) for i, chunk in enumerate(chunks)]
+    accepted = sum(r["transactions"] for r in aggregates)
+    store.apply([manifest(batch_id, work_items=items, accepted=accepted)], results[:recorded])
+    return invoices
+
+
+def _summed(*invoice_lists: list[dict[str, Any]]) -> dict[tuple[str, str, str], tuple[int, int, int]]:
+    sums: dict[tuple[str, str, str], list[int]] = defaultdict(lambda: [0, 0, 0])
+    for invoices in invoice_lists:
+        for i in invoices:
+            totals = sums[(i["account_id"], i["billing_period"], i["currency"])]
+            for n, name in enumerate(("net", "tax", "total")):
+                totals[n] += i[name]
+    return {key: (net, tax, total) for key, (net, tax, total) in sums.items()}
+
+
+def test_period_invoices_sum_every_complete_batch_and_name_the_others(store: Store, tmp_path: Path) -> None:
+    expected_invoices = []
+    for seed in (1, 2, 3):
+        path = tmp_path / f"march-{seed}.csv"
+        generate(600, path, seed=seed, reject_rate=0.01)
+        expected_invoices.append(_load_reference_batch(store, f"march-{seed}", path, items=3))
+    failed, processing = tmp_path / "failed.csv", tmp_path / "processing.csv"
+    generate(300, failed, seed=7)
+    generate(300, processing, seed=8)
+    _load_reference_batch(store, "failed", failed, items=2, recorded=1)
+    store.apply([], [], [PoisonNotice("failed", "failed:1", "max_dequeue_count")])
+    _load_reference_batch(store, "slow", processing, items=2, recorded=1)
+
+    found = queries.invoices(store, Filters(period="2026-03"))
+
+    got = {(r["account_id"], r["billing_period"], r["currency"]): (r["net"], r["tax"], r["total"]) for r in found.rows}
+    assert got == _summed(*expected_invoices)
+    assert all(type(r["total"]) is int for r in found.rows)
+    assert [(b.batch_id, b.state) for b in found.batches] == [(f"march-{s}", "complete") for s in (1, 2, 3)]
+    assert [(b.batch_id, b.state) for b in found.excluded] == [("failed", "failed"), ("slow", "processing")]
+    assert {batch for row in found.rows for batch in row["batches"]} == {"march-1", "march-2", "march-3"}
+
+    per_batch = queries.invoices(store, Filters(batches=("march-2",)))
+    assert {(r["account_id"], r["billing_period"], r["currency"]): (r["net"], r["tax"], r["total"])
+            for r in per_batch.rows} == _summed(expected_invoices[1])  # fmt: skip
+    named = queries.invoices(store, Filters(batches=("slow",)))  # a batch named counts whatever its state
+    assert [(b.batch_id, b.state) for b in named.batches] == [("slow", "processing")] and named.rows
+    assert queries.invoices(store, Filters(period="2026-04")).rows == []
+
+
+def _filled(store: Store) -> None:
+    store.apply(
+        [manifest("b1"), manifest("b2"), manifest("b3", work_items=2)],
+        [
+            result(
+                "w1",
+                partial("acct-1", day="2026-03-01", net=BIG, tax=1),
+                partial("acct-1", product="GPU", day="2026-03-31", net=50, tax=5),
+                partial("acct-2", day="2026-04-01", net=7, tax=0, quantity="0.000001"),
+                partial("acct-3", day="2026-03-15", currency="JPY", net=1234, tax=123),
+                batch_id="b1",
+            ),
+            result("w2", partial("acct-1", day="2026-03-01", net=BIG, tax=2, quantity="2.25"), batch_id="b2"),
+            result("w3", partial("acct-1", day="2026-03-02", net=99, tax=9), batch_id="b3"),
+        ],
+    )
+
+
+def test_filters_sums_and_order(store: Store) -> None:
+    _filled(store)
+
+    march = queries.aggregates_of(store, Filters(accounts=("acct-1",), period="2026-03"))
+    assert [(r["product"], r["billing_day"], r["net"], str(r["quantity"]), r["batches"]) for r in march.rows] == [
+        ("CPU", date(2026, 3, 1), 2 * BIG, "3.750000", ["b1", "b2"]),
+        ("GPU", date(2026, 3, 31), 50, "1.500000", ["b1"]),
+    ]
+    assert [b.batch_id for b in march.excluded] == ["b3"]
+    ranged = queries.totals(store, ["account_id"], Filters(start=date(2026, 3, 31), end=date(2026, 4, 1)))
+    assert [(r["account_id"], r["net"]) for r in ranged.rows] == [("acct-1", 50), ("acct-2", 7)]
+    assert ranged.excluded == []  # b3 has nothing in those days
+    assert [r["currency"] for r in queries.totals(store, [], Filters(currencies=("JPY",))).rows] == ["JPY"]
+    gpu = queries.totals(store, ["product"], Filters(products=("GPU",)))
+    assert [(r["product"], r["total"]) for r in gpu.rows] == [("GPU", 55)]
+
+    daily = queries.daily(store)
+    assert [(r["billing_day"].isoformat(), r["currency"], r["net"]) for r in daily.rows] == [
+        ("2026-03-01", "USD", 2 * BIG),
+        ("2026-03-15", "JPY", 1234),
+        ("2026-03-31", "USD", 50),
+        ("2026-04-01", "USD", 7),
+    ]
+    top = queries.top(store, "account_id", limit=1)
+    assert [(r["account_id"], r["currency"], r["net"]) for r in top.rows] == [
+        ("acct-3", "JPY", 1234),
+        ("acct-1", "USD", 2 * BIG + 50),
+    ]
+    paged = [queries.aggregates_of(store, limit=2, offset=offset).rows for offset in (0, 2, 4)]
+    assert [len(page) for page in paged] == [2, 2, 0]
+    assert [r for page in paged for r in page] == queries.aggregates_of(store).rows
+
+
+def test_invalid_period_is_refused() -> None:
+    with pytest.raises(ValueError, match="YYYY-MM"):
+        Filters(period="2026-3")
+
+
+def test_the_report_indexes_exist(store: Store) -> None:
+    names = {index["name"] for index in sa.inspect(store.engine).get_indexes("aggregates")}
+    assert {"ix_aggregates_account_day", "ix_aggregates_product_day", "ix_aggregates_day"} <= names
+
+
+def _billing(sql_url: str, tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {"BILLING_SQL_URL": sql_url, "BILLING_HOME": str(tmp_path / "home"), "PATH": "/usr/bin:/bin"}
+    return subprocess.run(
+        [sys.executable, "-m", "billing", *args], capture_output=True, text=True, timeout=120, env=env, check=False
+    )
+
+
+def test_billing_report_filters_and_html(store: Store, sql_url: str, tmp_path: Path) -> None:
+    _filled(store)
+    store.apply([manifest("evil", rejects=[{"row": 1, "reason": "invalid_account_id", "raw": "<script>x</script>"}])],
+                [result("e1", partial("acct-9", net=1, tax=0), batch_id="evil")])  # fmt: skip
+
+    done = _billing(sql_url, tmp_path, "report", "invoices", "--period", "2026-03", "--account", "acct-1",
+                    "--format", "json")  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == [
+        {"account_id": "acct-1", "billing_period": "2026-03", "currency": "USD", "net": 2 * BIG + 50, "tax": 8,
+         "total": 2 * BIG + 58, "batches": "b1 b2"}
+    ]  # fmt: skip
+    assert "batches included: b1, b2" in done.stderr and "batch excluded (processing): b3" in done.stderr
+
+    out = tmp_path / "report.html"
+    done = _billing(sql_url, tmp_path, "report", "aggregates", "--from", "2026-03-01", "--to", "2026-03-31",
+                    "--product", "CPU", "--format", "html", "--output", str(out))  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    html = out.read_text()
+    assert "180,000,000,000,000,000.00 USD" in html and "1,234 JPY" in html and "<svg" in html
+    assert set(re.findall(r"https?://[^/\"]*", html)) <= {"http://www.w3.org"}, "nothing to fetch: namespaces only"
+    assert "<script" not in html
+
+    rejects = tmp_path / "rejects.html"
+    assert _billing(sql_url, tmp_path, "report", "rejects", "--batch", "evil", "--format", "html",
+                    "--output", str(rejects)).returncode == 0  # fmt: skip
+    assert "&lt;script&gt;x&lt;/script&gt;" in rejects.read_text() and "<script>" not in rejects.read_text()
+    assert list(reports.rejects(store, "evil")["raw"]) == ["<script>x</script>"]
+
+    refused = _billing(sql_url, tmp_path, "report", "invoices", "--period", "March")
+    assert refused.returncode != 0 and "YYYY-MM" in refused.stderr
+
+
+@pytest.mark.postgres
+def test_query_benchmark_runs_at_a_small_size(postgres_url: str, tmp_path: Path) -> None:
+    """``benchmarks.queries`` end to end at 20,000 rows (the 10,000,000-row figure is measured by hand)."""
+    admin = sa.create_engine(postgres_url, isolation_level="AUTOCOMMIT")
+    name = f"bench_{uuid.uuid4().hex[:12]}"
+    with admin.connect() as conn:
+        conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
+    try:
+        url = sa.make_url(postgres_url).set(database=name).render_as_string(hide_password=False)
+        output = tmp_path / "bench.json"
+        done = subprocess.run(
+            [sys.executable, "-m", "benchmarks.queries", "--sql-url", url, "--rows", "20000", "--accounts", "50",
+             "--repeat", "5", "--output", str(output)],
+            capture_output=True, text=True, timeout=300, check=False,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        measured = json.loads(output.read_text())
+        assert measured["rows"] == 20000 and measured["median_ms"] > 0
+        assert measured["invoice_rows_per_query"] >= 1  # each account has March rows in one or two currencies
+        with Store(url) as store:
+            march = queries.invoices(store, Filters(accounts=("acct-000000",), period="2026-03"))
+            assert all(b.state == "complete" for b in march.batches) and len(march.batches) == 31
+    finally:
+        with admin.connect() as conn:
+            conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
