@@ -60,11 +60,11 @@ def is_azurite(pid: int) -> bool:
         return True
 
 
-def connection_string(host: str, blob_port: int, queue_port: int) -> str:
+def connection_string(host: str, blob_port: int, queue_port: int, *, scheme: str = "http") -> str:
     """The Azurite connection string for the given endpoints."""
     return (
-        f"DefaultEndpointsProtocol=http;AccountName={ACCOUNT};AccountKey={ACCOUNT_KEY};"
-        f"BlobEndpoint=http://{host}:{blob_port}/{ACCOUNT};QueueEndpoint=http://{host}:{queue_port}/{ACCOUNT};"
+        f"DefaultEndpointsProtocol={scheme};AccountName={ACCOUNT};AccountKey={ACCOUNT_KEY};"
+        f"BlobEndpoint={scheme}://{host}:{blob_port}/{ACCOUNT};QueueEndpoint={scheme}://{host}:{queue_port}/{ACCOUNT};"
     )
 
 
@@ -85,8 +85,12 @@ class AzuriteStack:
         persist: bool = True,
         debug_log: Path | None = None,
         timeout: float = 60.0,
+        https: tuple[Path, Path] | None = None,
     ) -> None:
         self.home = Path(home)
+        # (certificate, key) PEM files: serve HTTPS with them and accept OAuth bearer tokens too
+        # (``--oauth basic``: issuer, audience and lifetime checked, as the tests need; not the signature).
+        self.https = https
         self.debug_log = debug_log  # Azurite's own log of every request it receives
         self.host = host
         self.blob_port = blob_port
@@ -134,6 +138,8 @@ class AzuriteStack:
                 args.append("--inMemoryPersistence")
             if self.debug_log is not None:
                 args += ["--debug", str(self.debug_log)]
+            if self.https is not None:
+                args += ["--cert", str(self.https[0]), "--key", str(self.https[1]), "--oauth", "basic"]
             with self.log_file.open("ab") as log:
                 log_offset = log.tell()
                 self._proc = subprocess.Popen(
@@ -144,7 +150,7 @@ class AzuriteStack:
                     stderr=subprocess.STDOUT,
                     start_new_session=True,
                 )
-            connection = connection_string(self.host, blob, queue)
+            connection = connection_string(self.host, blob, queue, scheme=self.scheme)
             self._write_state(
                 {
                     "pid": self._proc.pid,
@@ -181,6 +187,10 @@ class AzuriteStack:
         """The running stack's connection string, or ``None``."""
         state = self._live_state()
         return None if state is None else str(state["connection_string"])
+
+    @property
+    def scheme(self) -> str:
+        return "http" if self.https is None else "https"
 
     @property
     def pid(self) -> int | None:
@@ -240,7 +250,7 @@ class AzuriteStack:
         with self.log_file.open("rb") as log:
             log.seek(log_offset)
             text = log.read().decode(errors="replace")
-        said = all(f"successfully listening at http://{self.host}:{port}" in text for port in ports)
+        said = all(f"successfully listening at {self.scheme}://{self.host}:{port}" in text for port in ports)
         return said and all(port_open(self.host, port) for port in ports)
 
     def _stop_locked(self) -> None:
