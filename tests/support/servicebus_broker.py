@@ -20,9 +20,10 @@ What it speaks:
 - ``busy N``: the next N sends to the topic and receiver attaches answer
   ``com.microsoft:server-busy``.
 
-Run as a process (``python tests/support/servicebus_broker.py --port P --topic T --subscription a``);
-it prints ``ready`` when listening and takes commands on stdin (``busy N``, ``stats``). Tests use
-:class:`ServiceBusTestBroker`, which starts, stops and restarts that process on one port.
+Run as a process (``python tests/support/servicebus_broker.py --port P --topic T --subscription a``,
+``--host H`` to listen elsewhere than on 127.0.0.1); it prints ``ready`` when listening and takes
+commands on stdin (``busy N``, ``stats``). Tests use :class:`ServiceBusTestBroker`, which starts,
+stops and restarts that process on one port.
 """
 
 from __future__ import annotations
@@ -38,12 +39,13 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any
 
 CONNECTION_STRING = (
-    "Endpoint=sb://127.0.0.1:{port};SharedAccessKeyName=test;SharedAccessKey=dGVzdA==;UseDevelopmentEmulator=true"
+    "Endpoint=sb://{host}:{port};SharedAccessKeyName=test;SharedAccessKey=dGVzdA==;UseDevelopmentEmulator=true"
 )
 _SERVER_BUSY = "com.microsoft:server-busy"
 
@@ -56,28 +58,38 @@ def free_port() -> int:
 
 
 class ServiceBusTestBroker:
-    """The broker in a child process on a fixed loopback port; ``stop()`` and ``start()`` again
-    restart it on the same port (its subscriptions come back empty, as declared)."""
+    """The broker in a child process on a fixed port (of ``host``, loopback by default); ``stop()`` and
+    ``start()`` again restart it on the same port (its subscriptions come back empty, as declared).
+    ``launcher`` prefixes its command line (``ip netns exec NS`` runs it on another test host)."""
 
     def __init__(
-        self, *, topic: str = "billing-triggers", subscriptions: list[str] | None = None, port: int | None = None
+        self,
+        *,
+        topic: str = "billing-triggers",
+        subscriptions: list[str] | None = None,
+        port: int | None = None,
+        host: str = "127.0.0.1",
+        launcher: Sequence[str] = (),
     ) -> None:
         self.topic = topic
         self.subscriptions = list(subscriptions or [])
         self.port = port or free_port()
+        self.host = host
+        self.launcher = list(launcher)
         self._process: subprocess.Popen[str] | None = None
         self._lock = threading.Lock()
 
     @property
     def connection_string(self) -> str:
         """What the SDK's ``from_connection_string`` takes to reach this broker."""
-        return CONNECTION_STRING.format(port=self.port)
+        return CONNECTION_STRING.format(host=self.host, port=self.port)
 
     def start(self, timeout: float = 10.0) -> None:
         """Start the broker process and wait until it listens."""
         if self._process is not None:
             return
-        args = [sys.executable, os.path.abspath(__file__), "--port", str(self.port), "--topic", self.topic]
+        args = [*self.launcher, sys.executable, os.path.abspath(__file__), "--port", str(self.port)]
+        args += ["--host", self.host, "--topic", self.topic]
         for name in self.subscriptions:
             args += ["--subscription", name]
         process = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
@@ -435,13 +447,13 @@ def _make_handler(topic: str, subscriptions: list[str]) -> Any:
     return Broker()
 
 
-def _serve(port: int, topic: str, subscriptions: list[str]) -> None:
+def _serve(host: str, port: int, topic: str, subscriptions: list[str]) -> None:
     from proton.reactor import Container
 
     handler = _make_handler(topic, subscriptions)
     container = Container(handler)
     container.container_id = "servicebus-test-broker"
-    container.listen(f"127.0.0.1:{port}")
+    container.listen(f"{host}:{port}")
 
     def commands() -> None:
         for line in sys.stdin:
@@ -463,10 +475,11 @@ def _serve(port: int, topic: str, subscriptions: list[str]) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--topic", default="billing-triggers")
     parser.add_argument("--subscription", action="append", default=[])
     args = parser.parse_args()
-    _serve(args.port, args.topic, args.subscription)
+    _serve(args.host, args.port, args.topic, args.subscription)
 
 
 if __name__ == "__main__":

@@ -2,12 +2,16 @@
 
 Each subscriber binds a UDP socket on loopback and registers it as the blob
 ``subscribers/<instance_id>`` in a container of the storage account the pipeline already uses
-(content and metadata: ``host``, ``port``, ``pid``, ``registered_at``, ``refresh``) and deletes it
-on close. A publisher lists the registrations (one list request, cached for ``cache_ttl`` seconds),
-drops those whose process is gone (every subscriber is on this machine, so its pid says so) or,
+(content and metadata: ``host``, ``port``, ``pid``, ``machine``, ``registered_at``, ``refresh``)
+and deletes it on close. A publisher lists the registrations (one list request, cached for
+``cache_ttl`` seconds), drops those whose process is gone (its pid says so on the same machine) or,
 when the subscriber re-registers every ``refresh`` seconds, that missed three refreshes, and sends
-each live subscriber the event as one datagram. An idle subscriber makes no request at all unless
-``refresh`` is set. Datagrams may be lost: these are at-most-once hints, and the listener's safety
+each live subscriber the event as one datagram. Loopback does not cross machines (nor network
+namespaces): a subscriber registered from another one (see
+:func:`~shared.messaging.processes.machine_identity`) is left alone and gets nothing, and the
+publisher warns once per such subscriber, since that role then wakes only at its safety poll
+(roles on several hosts need the Service Bus backend). An idle subscriber makes no request at all
+unless ``refresh`` is set. Datagrams may be lost: these are at-most-once hints, and the listener's safety
 poll covers a loss.
 """
 
@@ -25,7 +29,7 @@ from collections.abc import Iterable
 from azure.core.exceptions import AzureError, ResourceExistsError, ResourceNotFoundError
 
 from ...errors import BillingError, ConfigurationError, InfrastructureError, is_transient
-from ..processes import pid_alive
+from ..processes import machine_identity, pid_alive
 from ..storage import Storage
 from .base import TriggerBus, TriggerEvent, TriggerHandler
 
@@ -101,6 +105,8 @@ class LocalTriggerBus(TriggerBus):
         self._peers: list[tuple[str, int]] = []
         self._peers_at = float("-inf")
         self._peers_lock = asyncio.Lock()
+        self._machine = machine_identity()
+        self._elsewhere: set[str] = set()  # subscribers seen on other machines (warned about once)
 
     @property
     def blob_name(self) -> str:
@@ -162,6 +168,7 @@ class LocalTriggerBus(TriggerBus):
             "host": address[0],
             "port": address[1],
             "pid": os.getpid(),
+            "machine": self._machine,
             "registered_at": time.time(),
             "refresh": self._refresh or 0,
         }
@@ -221,6 +228,9 @@ class LocalTriggerBus(TriggerBus):
             async for blob in self._container.list_blobs(name_starts_with=_PREFIX, include=["metadata"]):
                 try:
                     meta = blob.metadata or {}
+                    if meta.get("machine", self._machine) != self._machine:
+                        self._warn_elsewhere(blob.name)
+                        continue
                     refresh = float(meta.get("refresh") or 0)
                     missed = refresh > 0 and now - float(meta["registered_at"]) > _STALE_PERIODS * refresh
                     if missed or not pid_alive(int(meta["pid"])):
@@ -233,6 +243,16 @@ class LocalTriggerBus(TriggerBus):
         for name in stale:
             await self._delete(name)
         return peers
+
+    def _warn_elsewhere(self, name: str) -> None:
+        if name not in self._elsewhere:
+            self._elsewhere.add(name)
+            _LOGGER.warning(
+                "trigger subscriber %s is on another host: the local trigger bus reaches this host only, so it "
+                "wakes at its safety poll alone; for roles on several hosts use Service Bus "
+                "(BILLING_SERVICEBUS_CONNECTION_STRING or BILLING_SERVICEBUS_NAMESPACE)",
+                name.removeprefix(_PREFIX),
+            )
 
     async def _delete(self, name: str) -> None:
         try:
