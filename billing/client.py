@@ -15,6 +15,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from azure.core.exceptions import ResourceExistsError
+from azure.storage.blob.aio import ContainerClient
 
 from controller.store import FINAL_STATES, BatchStatus, Store
 from shared.errors import FileRefused, InputError
@@ -33,6 +34,9 @@ log = logging.getLogger(__name__)
 
 #: How much of a file ``billing submit`` reads to refuse it early (the initiator reads the rest).
 HEAD_BYTES = 1 << 20
+
+#: Where the inbox marks a batch whose request went out (a batch id has no ``/``: no clash).
+REQUESTED = "requested/{}"
 
 #: Batch ids name blobs and prefixes (a ``/`` would nest one batch's blobs inside another's).
 BATCH_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
@@ -114,22 +118,14 @@ async def submit(
                 accepted_at=datetime.now(UTC),
             )
             inbox = storage.container(settings.inbox_container)
-            try:
-                with path.open("rb") as file:
-                    await inbox.upload_blob(
-                        batch_id,
-                        file,
-                        overwrite=False,
-                        max_concurrency=4,
-                        metadata={"source": path.name[:200].encode("ascii", "replace").decode(), "format": fmt},
-                    )
-            except ResourceExistsError:
+            if not await _upload(inbox, batch_id, path, fmt):
                 return Submission(batch_id, fmt, duplicate=True, requests=storage.counter.snapshot())
             request = dataclasses.replace(request, uploaded_at=datetime.now(UTC))
             claim_check = ClaimCheck(storage, container=settings.work_container, limit=settings.max_message_bytes)
             await claim_check.send(
                 settings.requests_queue, request_envelope(request), blob_name=batch_blob(batch_id, "request")
             )
+            await inbox.upload_blob(REQUESTED.format(batch_id), b"", overwrite=True)
             await _announce(settings, storage)
             return Submission(batch_id, fmt, duplicate=False, requests=storage.counter.snapshot())
 
@@ -152,6 +148,21 @@ def wait_for(
         if deadline is not None and time.monotonic() > deadline:
             return status
         time.sleep(0.1)
+
+
+async def _upload(inbox: ContainerClient, batch_id: str, path: Path, fmt: str) -> bool:
+    """Upload the file to its inbox blob unless it is there; False when that batch was already
+    submitted. An inbox blob without its :data:`REQUESTED` mark is an upload whose request never went
+    out (the submitting process died, or the upload's reply was lost and the SDK's retry found the
+    blob): this submission carries on and sends it. Should two submissions of one file race, the
+    initiator gets the request twice, which at-least-once delivery makes it handle anyway."""
+    metadata = {"source": path.name[:200].encode("ascii", "replace").decode(), "format": fmt}
+    try:
+        with path.open("rb") as file:
+            await inbox.upload_blob(batch_id, file, overwrite=False, max_concurrency=4, metadata=metadata)
+    except ResourceExistsError:
+        return not await inbox.get_blob_client(REQUESTED.format(batch_id)).exists()
+    return True
 
 
 async def _announce(settings: Settings, storage: Storage) -> None:

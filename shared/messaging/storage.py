@@ -159,6 +159,10 @@ class Storage:
                 initial_backoff=s.retry_backoff,  # type: ignore[arg-type]  # seconds; the SDK adds it to floats
                 increment_base=2,
                 retry_total=s.retry_total,
+                # The SDK caps each kind of failure at 3 tries of its own unless told: the setting is the budget.
+                retry_connect=s.retry_total,
+                retry_read=s.retry_total,
+                retry_status=s.retry_total,
                 random_jitter_range=max(1, int(s.retry_backoff * 2)),
             ),
             "connection_timeout": min(10.0, s.request_timeout),

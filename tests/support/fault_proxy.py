@@ -96,6 +96,12 @@ class FaultProxy:
         self._armed.append(_Outage(seconds, kind, tuple(services), after, method))
         self._fire()
 
+    def restore(self) -> None:
+        """End every outage now (and drop those armed but not started)."""
+        with self._lock:
+            self._armed.clear()
+            self._outages.clear()
+
     def _fire(self, service: str = "", method: str = "") -> None:
         """Count one forwarded request against the armed outages; start those that are due."""
         with self._lock:  # the test's thread arms outages, the proxy's thread counts

@@ -22,6 +22,7 @@ from shared.settings import Settings
 from support.exact import expected, read_raw, report, sorted_records
 from support.fault_proxy import KINDS, SERVICES, FaultProxy
 from support.roles import Roles
+from support.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -131,14 +132,18 @@ def test_a_storage_outage_mid_run_is_ridden_out(settings_env: Settings, roles: R
 def test_roles_started_during_an_outage_wait_for_storage(settings_env: Settings, roles: Roles, batch: Path) -> None:
     upstream = settings_env.storage_connection_string.get_secret_value()  # type: ignore[union-attr]
     with FaultProxy(upstream) as proxy:
-        proxy.outage(OUTAGE_SECONDS / 2, services=SERVICES)  # storage unreachable from before the roles start
+        proxy.outage(600, services=SERVICES)  # storage unreachable from before the roles start, until restored
         settings = through(proxy, settings_env, retry_total=1)
         with roles.running(settings), Store(settings.sql_url_value) as store:
-            time.sleep(OUTAGE_SECONDS / 2 + 1)
+
+            def all_waiting() -> bool:
+                said = roles.logs().values()
+                return len(said) == 3 and all("storage unavailable" in text for text in said)
+
+            assert wait_until(all_waiting, 120, interval=0.5), roles.logs()
             assert roles.returncodes == [None, None, None], "no role gave up"
+            proxy.restore()
             asyncio.run(client.submit(settings, batch, batch_id=BATCH))
             status = client.wait_for(store, BATCH, timeout=180)
     assert roles.returncodes == [0, 0, 0]
     assert_exact(batch, status)
-    said = roles.logs()
-    assert all("storage unavailable" in text for text in said.values()), "each role said why it waited"

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from billing.client import REQUESTED
 from shared.messaging.storage import Storage
 from shared.settings import Settings
 
@@ -27,8 +28,9 @@ async def _queued_and_inbox(settings: Settings) -> tuple[int, int]:
     async with Storage(settings) as storage:
         await storage.ensure_all()
         props = await storage.queue(settings.requests_queue).get_queue_properties()
-        blobs = [b async for b in storage.container(settings.inbox_container).list_blobs()]
-    return props.approximate_message_count, len(blobs)
+        inbox = storage.container(settings.inbox_container)
+        files = [b async for b in inbox.list_blobs() if not b.name.startswith(REQUESTED.format(""))]
+    return props.approximate_message_count, len(files)
 
 
 @pytest.fixture
@@ -84,6 +86,28 @@ def test_resubmitting_a_batch_changes_nothing_and_says_so(settings_env: Settings
     assert second.returncode == 0, second.stderr
     assert "already submitted" in second.stdout
     assert asyncio.run(_queued_and_inbox(settings_env)) == (1, 1)
+
+
+def test_an_upload_whose_request_never_went_out_is_submitted_again(
+    settings_env: Settings, tmp_path: Path, product: str
+) -> None:
+    """What a submitter that died between upload and request (or whose upload reply was lost, so that
+    the SDK's retry found the blob) leaves behind: the next submission sends the request."""
+    path = tmp_path / "batch.csv"
+    path.write_text(HEADER + GOOD_ROW.format(product=product))
+
+    async def upload_only() -> None:
+        async with Storage(settings_env) as storage:
+            await storage.ensure_all()
+            await storage.container(settings_env.inbox_container).upload_blob("b-2", path.read_bytes())
+
+    asyncio.run(upload_only())
+    assert asyncio.run(_queued_and_inbox(settings_env)) == (0, 1)
+    again = billing("submit", str(path), "--batch-id", "b-2")
+    assert again.returncode == 0, again.stderr
+    assert "b-2 submitted" in again.stdout
+    assert asyncio.run(_queued_and_inbox(settings_env)) == (1, 1)
+    assert "already submitted" in billing("submit", str(path), "--batch-id", "b-2").stdout
 
 
 def test_invalid_reference_data_is_refused_before_anything_is_stored(
