@@ -44,6 +44,7 @@ class Health:
         self.storage = storage
         self.service: Service | None = None
         self.port = 0  # bound when served
+        self.stale_after = STALE_AFTER
         self.registry = CollectorRegistry()
         ProcessCollector(registry=self.registry)
         self.registry.register(_RoleCollector(self))
@@ -58,7 +59,7 @@ class Health:
         if self.service is None:
             return True, "starting"
         age = time.monotonic() - self.service.heartbeat
-        return (True, "ok") if age < STALE_AFTER else (False, f"no heartbeat for {age:.0f} s")
+        return (True, "ok") if age < self.stale_after else (False, f"no heartbeat for {age:.0f} s")
 
     async def ready(self) -> tuple[bool, str]:
         """Whether every dependency answers, and which do not."""
