@@ -27,6 +27,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, ProcessCol
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from ..errors import ConfigurationError
 from ..settings import Settings
 from .service import Service
 from .storage import Storage
@@ -141,8 +142,14 @@ async def serving(settings: Settings, storage: Storage) -> AsyncIterator[Health 
     health = Health(storage)
     runner = web.AppRunner(_app(health), access_log=None)
     await runner.setup()
-    site = web.TCPSite(runner, settings.health_host, settings.health_port)
-    await site.start()
+    try:
+        await web.TCPSite(runner, settings.health_host, settings.health_port).start()
+    except OSError as exc:
+        await runner.cleanup()
+        raise ConfigurationError(
+            f"cannot serve health and metrics on {settings.health_host}:{settings.health_port} ({exc.strerror}): "
+            "give each role on this host its own BILLING_HEALTH_PORT, or 0 for any free one"
+        ) from exc
     health.port = runner.addresses[0][1]  # the free port chosen for 0
     log.info("health and metrics on http://%s:%d", settings.health_host, health.port)
     try:
