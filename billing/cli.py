@@ -212,6 +212,18 @@ def report(
             console.print(f"batch excluded ({batch.state}): {escape(batch.batch_id)}", soft_wrap=True)
 
 
+@cli.command()
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind (loopback only by default).")
+@click.option("--port", type=click.IntRange(0, 65535), default=8080, show_default=True)
+def serve(host: str, port: int) -> None:
+    """Serve the read-only JSON API (/api, OpenAPI at /openapi.json) and the console (/batches, /invoices,
+    /roles, /poison). Money in the API is exact integers in minor units. Poison replay and purge in the
+    console need BILLING_CONSOLE_TOKEN; without it the console is read-only."""
+    from .console.app import serve as run_server  # FastAPI and uvicorn: only for this command
+
+    run_server(resolve(), host=host, port=port)
+
+
 @cli.group("poison")
 def poison_group() -> None:
     """Inspect, replay and purge messages that could not be processed."""

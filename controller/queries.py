@@ -39,7 +39,8 @@ INVOICE_KEY: tuple[Dimension, ...] = ("account_id", "billing_period")
 #: Aggregates as stored, summed over batches: per (account, product, billing day, currency).
 AGGREGATE_KEY: tuple[Dimension, ...] = ("account_id", "product", "billing_day")
 
-_PERIOD = re.compile(r"[0-9]{4}-(0[1-9]|1[0-2])")
+#: ``YYYY-MM``, year 0001 to 9999 (no look-ahead: JSON Schema and pydantic patterns use it too).
+PERIOD_PATTERN = r"^([0-9]{3}[1-9]|[0-9]{2}[1-9][0-9]|[0-9][1-9][0-9]{2}|[1-9][0-9]{3})-(0[1-9]|1[0-2])$"
 
 
 @dataclass(frozen=True)
@@ -56,7 +57,7 @@ class Filters:
     period: str | None = None
 
     def __post_init__(self) -> None:
-        if self.period is not None and not _PERIOD.fullmatch(self.period):
+        if self.period is not None and not re.fullmatch(PERIOD_PATTERN, self.period):
             raise ValueError(f"billing period {self.period!r} is not YYYY-MM")
 
     @property

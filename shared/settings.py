@@ -88,6 +88,9 @@ class Settings(BaseSettings):
     health_port: int | None = Field(default=None, ge=0, le=65535)
     health_host: str = "0.0.0.0"  # a pod's probes and scrapes come from outside it
 
+    # `billing serve`: poison replay and purge in the console need this token; without it the console is read-only.
+    console_token: SecretStr | None = None
+
     # Graceful stop: how long in-flight work may take after SIGTERM/SIGINT.
     shutdown_deadline: float = Field(default=30.0, gt=0)
 

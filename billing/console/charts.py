@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import io
 from collections.abc import Mapping, Sequence
-from datetime import date, datetime
+from datetime import UTC, date, datetime
 
 import matplotlib as mpl
 import numpy as np
@@ -37,7 +37,8 @@ def lines(series: Mapping[str, Mapping[date | datetime, float]], *, title: str, 
     axes = figure.add_subplot()
     for name, points in kept:
         xs = sorted(points)
-        axes.plot(np.array(xs, dtype="datetime64[s]"), [points[x] for x in xs], marker="o", markersize=3, label=name)
+        moments = np.array([_naive_utc(x) for x in xs], dtype="datetime64[s]")
+        axes.plot(moments, [points[x] for x in xs], marker="o", markersize=3, label=name)
     figure.autofmt_xdate()
     axes.set_ylabel(unit)
     if len(kept) > 1:
@@ -53,6 +54,11 @@ def timeline(phases: Sequence[tuple[str, float, float]], *, title: str) -> str:
     axes.barh(names, [max(end - start, 0.0) for _, start, end in phases][::-1], left=[s for _, s, _ in phases][::-1])
     axes.set_xlabel("seconds since accepted")
     return _svg(figure, title)
+
+
+def _naive_utc(moment: date | datetime) -> date | datetime:
+    """numpy keeps no time zone: an aware instant as naive UTC."""
+    return moment.astimezone(UTC).replace(tzinfo=None) if isinstance(moment, datetime) and moment.tzinfo else moment
 
 
 def _svg(figure: Figure, title: str) -> str:

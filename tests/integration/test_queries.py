@@ -28,8 +28,8 @@ from shared.protocol import PoisonNotice
 from shared.rules.sample import generate
 from support.exact import expected, read_raw
 from support.records import manifest, partial, result
+from support.reports import BIG, HOSTILE, fill
 
-BIG = 9 * 10**18  # two of these pass 2^63
 
 
 @pytest.fixture
@@ -92,26 +92,8 @@ def test_period_invoices_sum_every_complete_batch_and_name_the_others(store: Sto
     assert queries.invoices(store, Filters(period="2026-04")).rows == []
 
 
-def _filled(store: Store) -> None:
-    store.apply(
-        [manifest("b1"), manifest("b2"), manifest("b3", work_items=2)],
-        [
-            result(
-                "w1",
-                partial("acct-1", day="2026-03-01", net=BIG, tax=1),
-                partial("acct-1", product="GPU", day="2026-03-31", net=50, tax=5),
-                partial("acct-2", day="2026-04-01", net=7, tax=0, quantity="0.000001"),
-                partial("acct-3", day="2026-03-15", currency="JPY", net=1234, tax=123),
-                batch_id="b1",
-            ),
-            result("w2", partial("acct-1", day="2026-03-01", net=BIG, tax=2, quantity="2.25"), batch_id="b2"),
-            result("w3", partial("acct-1", day="2026-03-02", net=99, tax=9), batch_id="b3"),
-        ],
-    )
-
-
 def test_filters_sums_and_order(store: Store) -> None:
-    _filled(store)
+    fill(store)
 
     march = queries.aggregates_of(store, Filters(accounts=("acct-1",), period="2026-03"))
     assert [(r["product"], r["billing_day"], r["net"], str(r["quantity"]), r["batches"]) for r in march.rows] == [
@@ -129,6 +111,7 @@ def test_filters_sums_and_order(store: Store) -> None:
     daily = queries.daily(store)
     assert [(r["billing_day"].isoformat(), r["currency"], r["net"]) for r in daily.rows] == [
         ("2026-03-01", "USD", 2 * BIG),
+        ("2026-03-02", "USD", 1),  # batch evil's; b3's 99 are not counted: it is not complete
         ("2026-03-15", "JPY", 1234),
         ("2026-03-31", "USD", 50),
         ("2026-04-01", "USD", 7),
@@ -138,8 +121,8 @@ def test_filters_sums_and_order(store: Store) -> None:
         ("acct-3", "JPY", 1234),
         ("acct-1", "USD", 2 * BIG + 50),
     ]
-    paged = [queries.aggregates_of(store, limit=2, offset=offset).rows for offset in (0, 2, 4)]
-    assert [len(page) for page in paged] == [2, 2, 0]
+    paged = [queries.aggregates_of(store, limit=2, offset=offset).rows for offset in (0, 2, 4, 6)]
+    assert [len(page) for page in paged] == [2, 2, 1, 0]
     assert [r for page in paged for r in page] == queries.aggregates_of(store).rows
 
 
@@ -161,9 +144,7 @@ def _billing(sql_url: str, tmp_path: Path, *args: str) -> subprocess.CompletedPr
 
 
 def test_billing_report_filters_and_html(store: Store, sql_url: str, tmp_path: Path) -> None:
-    _filled(store)
-    store.apply([manifest("evil", rejects=[{"row": 1, "reason": "invalid_account_id", "raw": "<script>x</script>"}])],
-                [result("e1", partial("acct-9", net=1, tax=0), batch_id="evil")])  # fmt: skip
+    fill(store)
 
     done = _billing(sql_url, tmp_path, "report", "invoices", "--period", "2026-03", "--account", "acct-1",
                     "--format", "json")  # fmt: skip
@@ -186,8 +167,8 @@ def test_billing_report_filters_and_html(store: Store, sql_url: str, tmp_path: P
     rejects = tmp_path / "rejects.html"
     assert _billing(sql_url, tmp_path, "report", "rejects", "--batch", "evil", "--format", "html",
                     "--output", str(rejects)).returncode == 0  # fmt: skip
-    assert "&lt;script&gt;x&lt;/script&gt;" in rejects.read_text() and "<script>" not in rejects.read_text()
-    assert list(reports.rejects(store, "evil")["raw"]) == ["<script>x</script>"]
+    assert "&lt;script&gt;document.title" in rejects.read_text() and "<script" not in rejects.read_text()
+    assert "<img" not in rejects.read_text() and list(reports.rejects(store, "evil")["raw"]) == [HOSTILE]
 
     refused = _billing(sql_url, tmp_path, "report", "invoices", "--period", "March")
     assert refused.returncode != 0 and "YYYY-MM" in refused.stderr

@@ -1,0 +1,206 @@
+"""The console's HTML pages, rendered on the server from the same queries as the API (``api``).
+
+Only poison replay and purge change anything. They need ``BILLING_CONSOLE_TOKEN`` (compared in constant time),
+a POST, and a CSRF token: a random value the poison page puts both in a ``SameSite=Strict`` cookie and in the
+form, which must match. Without a configured token the console is read-only (no forms, and the POST is refused).
+"""
+
+from __future__ import annotations
+
+import hmac
+import itertools
+import secrets
+from datetime import date, datetime
+from typing import Annotated, Any, Literal
+from urllib.parse import urlencode
+
+from fastapi import APIRouter, Form, HTTPException, Path, Query, Request
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
+
+from controller import queries
+from controller.queries import Filters
+from shared.messaging.runtime import role_states
+
+from .. import poison
+from . import charts, render
+from .api import ID_PATTERN, SettingsDep, StoreDep, batch_detail, batch_json, queue_depths, row_json
+
+router = APIRouter(include_in_schema=False)
+
+CSRF_COOKIE = "billing_csrf"
+#: Marks between which a batch's phases run, in the order they happen.
+PHASES = (
+    ("uploaded_at", "uploaded"),
+    ("accepted_at", "accepted"),
+    ("first_item_sent_at", "first work item sent"),
+    ("last_item_sent_at", "last work item sent"),
+    ("debatched_at", "debatched"),
+    ("completed_at", "complete"),
+)
+
+
+def _html(template: str, **context: Any) -> HTMLResponse:
+    return HTMLResponse(render.page(template, **context))
+
+
+@router.get("/")
+def home() -> RedirectResponse:
+    return RedirectResponse("/batches")
+
+
+@router.get("/batches")
+def batches_page(store: StoreDep) -> HTMLResponse:
+    found = [batch_json(s) for s in reversed(store.batches())]
+    per_1000: dict[date | datetime, float] = {
+        datetime.fromisoformat(b["accepted_at"]): b["requests_per_1000"]
+        for b in found
+        if b["accepted_at"] and b["requests_per_1000"] is not None and b["state"] == "complete"
+    }
+    drawn = (
+        [charts.lines({"requests / 1,000 tx": per_1000}, title="Storage requests per 1,000 transactions", unit="")]
+        if per_1000
+        else []
+    )
+    return _html("batches.html", batches=found, charts=drawn)
+
+
+@router.get("/batches/{batch_id}")
+def batch_page(store: StoreDep, batch_id: Annotated[str, Path(pattern=ID_PATTERN)]) -> HTMLResponse:
+    detail = batch_detail(store, batch_id)
+    batch = detail["batch"]
+    drawn = []
+    spans = _phase_spans(batch)
+    if spans:
+        drawn.append(charts.timeline(spans, title="Phases"))
+    if detail["rejects_by_reason"]:
+        reasons = detail["rejects_by_reason"]
+        drawn.append(charts.bars(list(reasons), list(reasons.values()), title="Rejects by reason", unit="rows"))
+    rejected = queries.rejected_rows(store, batch_id, limit=100)
+    return _html("batch.html", detail=detail, batch=batch, charts=drawn, rejected=rejected)
+
+
+def _phase_spans(batch: dict[str, Any]) -> list[tuple[str, float, float]]:
+    marks = [(label, datetime.fromisoformat(batch[key])) for key, label in PHASES if batch.get(key)]
+    if len(marks) < 2:
+        return []
+    zero = min(moment for _, moment in marks)
+    marks.sort(key=lambda mark: mark[1])
+    return [
+        (f"→ {label}", (before - zero).total_seconds(), (moment - zero).total_seconds())
+        for (_, before), (label, moment) in itertools.pairwise(marks)
+    ]
+
+
+@router.get("/invoices")
+def invoices_page(
+    store: StoreDep,
+    period: Annotated[str | None, Query(pattern=f"^({queries.PERIOD_PATTERN[1:-1]})?$")] = None,
+    batch: Annotated[str | None, Query(pattern=ID_PATTERN)] = None,
+) -> HTMLResponse:
+    """Invoices of a billing period over every complete batch (this month by default), or of one batch."""
+    if batch:
+        selection, subject = Filters(batches=(batch,), period=period or None), f"batch {batch}"
+    else:
+        period = period or date.today().strftime("%Y-%m")
+        selection, subject = Filters(period=period), period
+    result = queries.invoices(store, selection)
+    rows = [row_json(row) for row in result.rows]
+    drawn = render.net_by_chart(rows, "account_id", title=f"Net by account, {subject}")
+    query = urlencode({k: v for k, v in (("period", period), ("batch", batch)) if v})
+    return _html(
+        "invoices.html",
+        period=period,
+        batch=batch,
+        subject=subject,
+        query=query,
+        result=result,
+        rows=rows,
+        charts=drawn,
+    )
+
+
+@router.get("/accounts/{account_id}")
+def account_page(store: StoreDep, account_id: Annotated[str, Path(pattern=ID_PATTERN)]) -> HTMLResponse:
+    mine = Filters(accounts=(account_id,))
+    daily = queries.daily(store, mine, by_product=True)
+    drawn = render.daily_net_chart(daily.rows, title="Daily net by product")
+    invoices = queries.invoices(store, mine)
+    return _html(
+        "account.html",
+        account_id=account_id,
+        charts=drawn,
+        invoices=[row_json(r) for r in invoices.rows],
+        result=invoices,
+    )
+
+
+@router.get("/roles")
+async def roles_page(settings: SettingsDep) -> HTMLResponse:
+    states = role_states(settings)
+    roles = [
+        {
+            "role": s["role"],
+            "pid": s["pid"],
+            "dequeue tasks": sum(listener["active_tasks"] for listener in s["listeners"]),
+            "requests": s["requests"].get("total", 0),
+            "peak RSS MiB": round(s.get("peak_rss_mib", 0.0)),
+            "updated": s["updated_at"],
+        }
+        for s in states
+    ]
+    return _html("roles.html", roles=roles, queues=await queue_depths(settings))
+
+
+@router.get("/poison")
+async def poison_page(request: Request, settings: SettingsDep, done: str | None = None) -> HTMLResponse:
+    found = await poison.overview(settings)
+    csrf = request.cookies.get(CSRF_COOKIE) or secrets.token_urlsafe(32)
+    page = _html(
+        "poison.html",
+        queues=[(q, n, entries) for q, n, entries in found if n or entries],
+        actions=settings.console_token is not None,
+        csrf=csrf,
+        done=done,
+    )
+    page.set_cookie(CSRF_COOKIE, csrf, httponly=True, samesite="strict", path="/poison")
+    return page
+
+
+@router.get("/poison/{queue}/{entry_id}")
+async def poison_entry_page(
+    settings: SettingsDep,
+    queue: Annotated[str, Path(pattern=ID_PATTERN)],
+    entry_id: Annotated[str, Path(pattern=ID_PATTERN)],
+) -> HTMLResponse:
+    if queue not in settings.all_queues:
+        raise HTTPException(404, "no such queue")
+    entries = await poison.act(settings, "show", queues=[queue], ids=[entry_id])
+    if not entries:
+        raise HTTPException(404, "no such poisoned message")
+    return _html("poison_entry.html", entry=entries[0])
+
+
+@router.post("/poison/{action}")
+async def poison_action(
+    request: Request,
+    settings: SettingsDep,
+    action: Literal["replay", "purge"],
+    queue: Annotated[str, Form()],
+    entry_id: Annotated[str, Form()],
+    token: Annotated[str, Form()] = "",
+    csrf: Annotated[str, Form()] = "",
+) -> Response:
+    """Replay or purge one poisoned message: needs the console token and the CSRF value of the poison page."""
+    configured = settings.console_token
+    if configured is None:
+        raise HTTPException(403, "the console is read-only: BILLING_CONSOLE_TOKEN is not set")
+    cookie = request.cookies.get(CSRF_COOKIE, "")
+    if not cookie or not hmac.compare_digest(cookie.encode(), csrf.encode()):
+        raise HTTPException(403, "the form is stale or came from elsewhere (CSRF check failed): reload the page")
+    if not hmac.compare_digest(configured.get_secret_value().encode(), token.encode()):
+        raise HTTPException(403, "wrong console token")
+    if queue not in settings.all_queues:
+        raise HTTPException(404, "no such queue")
+    entries = await poison.act(settings, action, queues=[queue], ids=[entry_id])
+    verb = {"replay": "replayed", "purge": "purged"}[action]
+    return RedirectResponse(f"/poison?done={verb}+{len(entries)}", status_code=303)
