@@ -31,7 +31,6 @@ from support.records import manifest, partial, result
 from support.reports import BIG, HOSTILE, fill
 
 
-
 @pytest.fixture
 def store(sql_url: str) -> Iterator[Store]:
     with Store(sql_url) as opened:
