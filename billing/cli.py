@@ -97,6 +97,30 @@ for _role in (*ROLES, "syphon"):
 
 
 @cli.command()
+@click.option(
+    "--manifests",
+    type=click.Path(exists=True, path_type=Path),
+    required=True,
+    help="KEDA ScaledObjects and the roles' Deployments: a file, a folder, or a kustomization (e.g. "
+    "deploy/kubernetes/overlays/local).",
+)
+@click.option("--polling-interval", type=float, help="Seconds between polls, for every ScaledObject.")
+@click.option("--cooldown-period", type=float, help="Seconds idle before scaling to zero, for every ScaledObject.")
+@click.option("--events", type=click.Path(dir_okay=False, path_type=Path), help="Append each decision as JSON.")
+def autoscale(
+    manifests: Path, polling_interval: float | None, cooldown_period: float | None, events: Path | None
+) -> None:
+    """Scale local role processes on queue depth as KEDA scales the manifests' Deployments, until SIGINT/SIGTERM."""
+    from . import autoscale as scaler
+
+    settings = resolve()
+    rules = scaler.retimed(
+        scaler.scale_rules(scaler.read_manifests(manifests)), polling=polling_interval, cooldown=cooldown_period
+    )
+    asyncio.run(scaler.run(rules, settings, log_dir=settings.home / "logs", events=events))
+
+
+@cli.command()
 @click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("--batch-id", help="Batch id (default: SHA-256 of the file).")
 @click.option("--pricebook", type=click.Path(exists=True, dir_okay=False, path_type=Path))
