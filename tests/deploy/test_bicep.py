@@ -1,0 +1,426 @@
+"""The Bicep of deploy/azure, checked offline: no Bicep compiler or Azure runs here.
+
+The files are parsed with ``pycep-parser`` and the parts that carry names and numbers are evaluated
+by the small interpreter below (the Bicep subset those parts use: parameters, variables, loops,
+string interpolation, ``concat``/``string``, property and index access). What only Azure knows at
+deployment (a resource's id, an endpoint) stays a :class:`Ref` naming its expression, so an
+assertion against a concrete value fails rather than passes by accident. pycep gives identifiers
+and string literals alike, so a bare string that names a symbol in scope is read as that symbol;
+the templates use no literal that equals a symbol's name.
+
+Checked: checkov finds nothing that is not skipped in place with a reason; the queues and containers
+are exactly those the app derives from its settings for the same prefix and partitions; each role
+scales on its own real queues; the apps' settings are real ``BILLING_*`` fields that, read by
+:class:`Settings`, name the queues, topic and subscriptions the template creates; the one identity
+holds exactly the four data roles, on the storage account and the trigger topic; no key, connection
+string with a key, secret or secure output appears anywhere; the scale numbers equal the KEDA
+ScaledObjects of deploy/kubernetes/base.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+import yaml
+from pycep import BicepParser
+
+from shared.settings import Settings
+
+ROOT = Path(__file__).resolve().parents[2]
+AZURE = ROOT / "deploy" / "azure"
+MAIN = AZURE / "main.bicep"
+KUBERNETES_BASE = ROOT / "deploy" / "kubernetes" / "base"
+
+# Built-in role definitions by id: the identity's whole set of rights.
+QUEUE_DATA_CONTRIBUTOR = "974c5e8b-45b9-4653-ba55-5f855dd0fb88"
+BLOB_DATA_CONTRIBUTOR = "ba92f5b4-2d11-453d-a403-e96b0029c9fe"
+SERVICE_BUS_DATA_SENDER = "69a216fc-b8fb-44d8-bc22-1f3c2cd27a39"
+SERVICE_BUS_DATA_RECEIVER = "4f6d3b9b-027b-4f4c-9142-0e5a2a2247e0"
+ROLES = ("initiator", "processor", "controller")
+# Variables the apps get beside BILLING_* settings: standard names read by azure-identity and OpenTelemetry.
+STANDARD_ENV = {"AZURE_CLIENT_ID", "APPLICATIONINSIGHTS_CONNECTION_STRING", "OTEL_SERVICE_NAME"}
+REQUIRED = {"image": "example.azurecr.io/billing:1.0"}
+SIZES = [{"queuePrefix": "billing", "partitions": 4}, {"queuePrefix": "acme-pay", "partitions": 7}]
+
+
+@dataclass(frozen=True)
+class Ref:
+    """A value Azure knows only at deployment, kept as the expression that names it."""
+
+    expr: str
+
+    def __str__(self) -> str:
+        return "${" + self.expr + "}"
+
+
+class Template:
+    """One Bicep file, evaluated on demand for the given parameter values."""
+
+    def __init__(self, path: Path, params: dict[str, Any]) -> None:
+        self.path = path
+        self.doc = _parse(path)
+        self._params = params
+        self._values: dict[str, Any] = {}
+
+    def resources(self, type_: str) -> dict[str, dict[str, Any]]:
+        """The resource declarations of one type, by symbolic name."""
+        return {name: r for name, r in self.doc.get("resources", {}).items() if r["type"] == type_}
+
+    def instances(self, declaration: dict[str, Any]) -> list[dict[str, Any]]:
+        """A resource's or module's evaluated config, once per iteration of its loop (none when its
+        condition is false; a condition known only at deployment counts as true)."""
+        config = declaration["config"]
+        if "condition" in config and "loop_type" not in config:
+            if self.eval(config["condition"], {}) is False:
+                return []
+            config = config["config"]
+        return _as_list(self.eval(config, {}))
+
+    def modules(self) -> Iterator[tuple[Template, dict[str, Any]]]:
+        """Each module instance as a template with its evaluated parameters, and its own config."""
+        for module in self.doc.get("modules", {}).values():
+            for config in self.instances(module):
+                yield Template(self.path.parent / module["detail"]["path"], config["params"]), config
+
+    def lookup(self, name: str) -> Any:
+        if name not in self._values:
+            if name in self.doc["parameters"]:
+                param = self.doc["parameters"][name]
+                self._values[name] = self._params[name] if name in self._params else self.eval(param["default"], {})
+            elif name in self.doc["variables"]:
+                self._values[name] = self.eval(self.doc["variables"][name]["value"], {})
+            else:  # a resource or module: its properties are known at deployment only
+                self._values[name] = Ref(name)
+        return self._values[name]
+
+    def symbols(self) -> set[str]:
+        return {name for part in ("parameters", "variables", "resources", "modules") for name in self.doc.get(part, {})}
+
+    def eval(self, node: Any, local: dict[str, Any]) -> Any:
+        """The value of one pycep expression node, with loop variables ``local``."""
+        if isinstance(node, str):
+            if node in local:
+                return local[node]
+            if node in self.symbols():
+                return self.lookup(node)
+            return self._interpolate(node, local)
+        if isinstance(node, list):
+            return [self.eval(item, local) for item in node]
+        if not isinstance(node, dict):
+            return node
+        if "loop_type" in node:
+            return self._loop(node, local)
+        if "function" in node:
+            return self._call(node["function"], local)
+        if "operator" in node:
+            return self._operator(node["operator"], local)
+        # Keys are names, or interpolated strings: never symbols.
+        return {str(self._interpolate(key.strip("'"), local)): self.eval(value, local) for key, value in node.items()}
+
+    def _interpolate(self, text: str, local: dict[str, Any]) -> Any:
+        """A string with ``${...}`` parts; a string that is one whole ``${x}`` is the value of ``x``."""
+        if whole := _INTERPOLATION.fullmatch(text):
+            return self._path(whole.group(1), local)
+        return _INTERPOLATION.sub(lambda m: str(self._path(m.group(1), local)), text)
+
+    def _loop(self, node: dict[str, Any], local: dict[str, Any]) -> list[Any]:
+        kind, detail = node["loop_type"]["type"], node["loop_type"]["detail"]
+        if kind == "range":
+            start = self.eval(detail["start_index"], local)
+            items: list[Any] = list(range(start, start + self.eval(detail["count"], local)))
+            name = detail["item_name"] or detail["index_name"]
+            return [self.eval(node["config"], {**local, name: item}) for item in items]
+        items = self.eval(detail["array_name"], local)
+        index = detail.get("index_name")
+        return [
+            self.eval(node["config"], {**local, detail["item_name"]: item, **({index: i} if index else {})})
+            for i, item in enumerate(items)
+        ]
+
+    def _call(self, function: dict[str, Any], local: dict[str, Any]) -> Any:
+        args = [self.eval(arg, local) for arg in function["parameters"].values() if arg is not None]
+        match function["type"]:
+            case "concat" if all(isinstance(arg, list) for arg in args):
+                return [item for arg in args for item in arg]
+            case "string" if not isinstance(args[0], Ref):
+                return json.dumps(args[0]) if isinstance(args[0], bool) else str(args[0])
+            case "subscription_resource_id":
+                return f"{args[0]}/{args[1]}"
+        return Ref(f"{function['type']}{tuple(args)}")
+
+    def _operator(self, operator: dict[str, Any], local: dict[str, Any]) -> Any:
+        kind, operands = operator["type"], operator["operands"]
+        if kind in ("property_accessor", "index_accessor"):
+            return self._access(self.eval(operands["operand_1"], local), operands["operand_2"], kind, local)
+        if kind == "add":
+            left, right = (self.eval(operands[k], local) for k in ("operand_1", "operand_2"))
+            return Ref(f"{left}+{right}") if isinstance(left, Ref) or isinstance(right, Ref) else left + right
+        return Ref(json.dumps(operator))
+
+    def _access(self, base: Any, key: Any, kind: str, local: dict[str, Any]) -> Any:
+        if kind == "index_accessor":
+            key = self.eval(key, local)
+            return Ref(f"{base.expr}[{key}]") if isinstance(base, Ref) else base[key]
+        if isinstance(key, dict):  # a.(b.c): pycep nests the rest of a path to the right
+            inner = key["operator"]
+            return self._access(self._access(base, inner["operands"]["operand_1"], kind, local), *_rest(inner), local)
+        return Ref(f"{base.expr}.{key}") if isinstance(base, Ref) else base[key]
+
+    def _path(self, text: str, local: dict[str, Any]) -> Any:
+        """An interpolated ``${a.b.c}``: a symbol and its properties (anything else stays a Ref)."""
+        head, *rest = text.split(".")
+        if not re.fullmatch(r"[A-Za-z_]\w*", head) or (head not in local and head not in self.symbols()):
+            return Ref(text)
+        value = self.eval(head, local)
+        for key in rest:
+            value = Ref(f"{value.expr}.{key}") if isinstance(value, Ref) else value[key]
+        return value
+
+
+_INTERPOLATION = re.compile(r"\$\{([^}]*)\}")
+
+
+def _rest(accessor: dict[str, Any]) -> tuple[Any, str]:
+    return accessor["operands"]["operand_2"], accessor["type"]
+
+
+def _as_list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else [value]
+
+
+@cache
+def _parse(path: Path) -> dict[str, Any]:
+    return BicepParser().parse(file_path=path)  # type: ignore[no-any-return]
+
+
+def _template(size: dict[str, Any]) -> Template:
+    return Template(MAIN, {**REQUIRED, **size})
+
+
+def _settings(size: dict[str, Any]) -> Settings:
+    return Settings(queue_prefix=size["queuePrefix"], partitions=size["partitions"])
+
+
+def _apps(template: Template) -> dict[str, dict[str, Any]]:
+    """Each role's Container App: the module's evaluated ``app`` resource, by role."""
+    apps = {}
+    for module, config in template.modules():
+        for declaration in module.resources("Microsoft.App/containerApps").values():
+            (app,) = module.instances(declaration)
+            apps[config["params"]["role"]] = app
+    assert sorted(apps) == sorted(ROLES)
+    return apps
+
+
+def _env(app: dict[str, Any]) -> dict[str, Any]:
+    (container,) = app["properties"]["template"]["containers"]
+    return {item["name"]: item["value"] for item in container["env"]}
+
+
+@pytest.mark.parametrize("size", SIZES, ids=lambda size: f"{size['queuePrefix']}-{size['partitions']}")
+def test_queues_and_containers_are_those_the_app_derives(size: dict[str, Any]) -> None:
+    template, settings = _template(size), _settings(size)
+    queues = template.resources("Microsoft.Storage/storageAccounts/queueServices/queues")["queues"]
+    containers = template.resources("Microsoft.Storage/storageAccounts/blobServices/containers")["containers"]
+    assert sorted(q["name"] for q in template.instances(queues)) == sorted(settings.all_queues + settings.poison_queues)
+    assert sorted(c["name"] for c in template.instances(containers)) == sorted(settings.all_containers)
+
+
+@pytest.mark.parametrize("size", SIZES, ids=lambda size: f"{size['queuePrefix']}-{size['partitions']}")
+def test_every_role_scales_on_its_real_queues(size: dict[str, Any]) -> None:
+    template, settings = _template(size), _settings(size)
+    expected = {
+        "initiator": [settings.requests_queue],
+        "processor": settings.input_queues,
+        "controller": [settings.results_queue],
+    }
+    for role, app in _apps(template).items():
+        scale = app["properties"]["template"]["scale"]
+        assert [rule["custom"]["type"] for rule in scale["rules"]] == ["azure-queue"] * len(expected[role])
+        assert [rule["custom"]["metadata"]["queueName"] for rule in scale["rules"]] == expected[role], role
+        for rule in scale["rules"]:  # the scaler reads the pipeline's account, as the roles' identity
+            assert rule["custom"]["metadata"]["accountName"] == Ref("storage.name")
+            assert rule["custom"]["identity"] == Ref("identity.id")
+            assert "auth" not in rule["custom"]
+        assert app["identity"] == {"type": "UserAssigned", "userAssignedIdentities": {str(Ref("identity.id")): {}}}
+        assert app["properties"]["template"]["containers"][0]["args"] == [role]
+    assert _apps(template)["processor"]["properties"]["template"]["scale"]["minReplicas"] == 0
+
+
+@pytest.mark.parametrize("size", SIZES, ids=lambda size: f"{size['queuePrefix']}-{size['partitions']}")
+def test_app_settings_are_real_settings_naming_what_the_template_creates(size: dict[str, Any]) -> None:
+    template = _template(size)
+    topic = template.instances(template.resources("Microsoft.ServiceBus/namespaces/topics")["topic"])[0]
+    subscriptions = template.resources("Microsoft.ServiceBus/namespaces/topics/subscriptions")["subscriptions"]
+    declared = {s["name"] for s in template.instances(subscriptions)}
+    queues = template.resources("Microsoft.Storage/storageAccounts/queueServices/queues")["queues"]
+    created = {q["name"] for q in template.instances(queues)}
+    fields = {f"BILLING_{name.upper()}" for name in Settings.model_fields}
+    for role, app in _apps(template).items():
+        env = _env(app)
+        assert {name for name in env if name.startswith("BILLING_")} <= fields, role
+        assert {name for name in env if not name.startswith("BILLING_")} <= STANDARD_ENV, role
+        assert env["AZURE_CLIENT_ID"] == Ref("identity.properties.clientId")
+        assert env["BILLING_STORAGE_ACCOUNT_URL"] == Ref("storage.properties.primaryEndpoints.queue")
+        assert not {name for name in env if "CONNECTION_STRING" in name and name.startswith("BILLING_")}
+        # The literal settings, read as a role reads them, name what the template created.
+        literal = {name[len("BILLING_") :].lower(): v for name, v in env.items() if name.startswith("BILLING_")}
+        settings = Settings(**{k: v for k, v in literal.items() if not isinstance(v, Ref)})
+        assert set(settings.all_queues + settings.poison_queues) == created
+        assert settings.trigger_mode == "servicebus" and not settings.trigger_create_subscription
+        assert settings.trigger_topic == topic["name"] and settings.trigger_subscription in declared
+        assert settings.trigger_subscription == role
+    assert declared == set(ROLES)
+
+
+def test_the_identity_holds_exactly_the_four_data_roles() -> None:
+    template = _template(SIZES[0])
+    assignments = [
+        assignment
+        for declaration in template.resources("Microsoft.Authorization/roleAssignments").values()
+        for assignment in template.instances(declaration)
+    ]
+    by_role = {a["properties"]["roleDefinitionId"].rsplit("/", 1)[1]: a for a in assignments}
+    assert len(by_role) == len(assignments) == 4
+    assert {role: by_role[role]["scope"] for role in by_role} == {
+        QUEUE_DATA_CONTRIBUTOR: Ref("storage"),
+        BLOB_DATA_CONTRIBUTOR: Ref("storage"),
+        SERVICE_BUS_DATA_SENDER: Ref("topic"),
+        SERVICE_BUS_DATA_RECEIVER: Ref("topic"),
+    }
+    for assignment in assignments:
+        assert assignment["properties"]["principalId"] == Ref("identity.properties.principalId")
+        assert assignment["properties"]["principalType"] == "ServicePrincipal"
+    # One identity, and nothing in any file grants another role.
+    assert len(template.resources("Microsoft.ManagedIdentity/userAssignedIdentities")) == 1
+    for module, _ in template.modules():
+        assert not module.resources("Microsoft.Authorization/roleAssignments")
+        assert not module.resources("Microsoft.ManagedIdentity/userAssignedIdentities")
+
+
+_SECRETS = re.compile(
+    r"\blist\w*\s*\(|AccountKey\s*=|SharedAccessKey|Password\s*=|@secure\s*\(|secretRef|\bsecrets\s*:"
+    r"|administratorLoginPassword|DefaultEndpointsProtocol",
+    re.IGNORECASE,
+)
+
+
+def test_no_key_secret_or_secure_output_anywhere() -> None:
+    files = sorted(path for path in AZURE.rglob("*") if path.is_file())
+    assert {path.suffix for path in files} >= {".bicep", ".md"}
+    for path in files:
+        found = _SECRETS.findall(path.read_text())
+        assert not found, f"{path.relative_to(ROOT)}: {found}"
+    template = _template(SIZES[0])
+    (storage,) = template.instances(template.resources("Microsoft.Storage/storageAccounts")["storage"])
+    (bus,) = template.instances(template.resources("Microsoft.ServiceBus/namespaces")["serviceBus"])
+    (postgres,) = template.instances(template.resources("Microsoft.DBforPostgreSQL/flexibleServers")["postgres"])
+    assert storage["properties"]["allowSharedKeyAccess"] is False
+    assert bus["properties"]["disableLocalAuth"] is True
+    assert postgres["properties"]["authConfig"]["passwordAuth"] == "Disabled"
+    assert postgres["properties"]["authConfig"]["activeDirectoryAuth"] == "Enabled"
+    for doc in (template.doc, *(module.doc for module, _ in template.modules())):
+        for parameter in doc.get("parameters", {}).values():
+            assert not any(d["type"] == "secure" for d in parameter["decorators"])
+        for output in doc.get("outputs", {}).values():
+            assert not any(d["type"] == "secure" for d in output["decorators"])
+    # The controller logs in to PostgreSQL as the identity, which administers the server: no password.
+    sql_url = sa.make_url(_env(_apps(template)["controller"])["BILLING_SQL_URL"])
+    assert sql_url.username == str(Ref("identity.name")) and sql_url.password is None
+    admins = [config["params"] for module, config in template.modules() if module.path.name == "postgres-admin.bicep"]
+    assert admins[0]["objectId"] == Ref("identity.properties.principalId")
+    assert admins[0]["principalName"] == Ref("identity.name")
+    for app in _apps(template).values():
+        assert "secrets" not in app["properties"]["configuration"]
+        assert all(set(item) == {"name", "value"} for item in app["properties"]["template"]["containers"][0]["env"])
+
+
+def test_checkov_finds_nothing_unexplained() -> None:
+    """``checkov --skip-download`` on deploy/azure: no failed check; every skip gives its reason."""
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "checkov.main",
+            "--skip-download",
+            "-d",
+            str(AZURE),
+            "--framework",
+            "bicep",
+            "-o",
+            "json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    report = json.loads(run.stdout)
+    results, summary = report["results"], report["summary"]
+    assert summary["parsing_errors"] == 0, run.stdout
+    assert summary["passed"] > 0, "checkov checked nothing"
+    assert not results["failed_checks"], [(c["check_id"], c["resource"]) for c in results["failed_checks"]]
+    for check in results["skipped_checks"]:
+        assert len(check["check_result"]["suppress_comment"].strip()) > 20, check["check_id"]
+
+
+def _scaled_objects() -> dict[str, dict[str, Any]]:
+    """The KEDA ScaledObjects of the Kubernetes base, by the role their target runs."""
+    objects = {}
+    for path in sorted(KUBERNETES_BASE.rglob("*.y*ml")):
+        for doc in yaml.safe_load_all(path.read_text()):
+            if isinstance(doc, dict) and doc.get("kind") == "ScaledObject":
+                target = doc["spec"]["scaleTargetRef"]["name"]
+                (role,) = [role for role in ROLES if role in target]
+                objects[role] = doc["spec"]
+    return objects
+
+
+def _kubernetes_settings() -> dict[str, str]:
+    """The base's ConfigMap: the BILLING_* settings every role's pod gets."""
+    lines = (KUBERNETES_BASE / "billing.env").read_text().splitlines()
+    return dict(line.split("=", 1) for line in lines if line.strip() and not line.startswith("#"))
+
+
+@pytest.mark.skipif(not KUBERNETES_BASE.is_dir(), reason="no deploy/kubernetes/base to compare with")
+def test_scale_rules_and_settings_equal_the_kubernetes_base() -> None:
+    """Bicep and Kubernetes must not drift: the same queues, bounds, polling, cooldown and thresholds
+    for the same prefix and partitions, and the same values of the settings both give. (The base
+    runs without Service Bus, ``BILLING_TRIGGER_BACKEND=none``; Azure has it.)"""
+    kubernetes = _kubernetes_settings()
+    size = {"queuePrefix": kubernetes["BILLING_QUEUE_PREFIX"], "partitions": int(kubernetes["BILLING_PARTITIONS"])}
+    objects = _scaled_objects()
+    assert sorted(objects) == sorted(ROLES)
+    for role, app in _apps(_template(size)).items():
+        spec, scale = objects[role], app["properties"]["template"]["scale"]
+        bounds = ("minReplicas", "maxReplicas", "pollingInterval", "cooldownPeriod")
+        keda = ("minReplicaCount", "maxReplicaCount", "pollingInterval", "cooldownPeriod")
+        defaults = (0, 100, 30, 300)  # KEDA's, when a ScaledObject leaves one out
+        assert [scale[b] for b in bounds] == [spec.get(k, d) for k, d in zip(keda, defaults, strict=True)], role
+        thresholds = ("queueLength", "activationQueueLength")
+        bicep_rules = {
+            r["custom"]["metadata"]["queueName"]: [r["custom"]["metadata"][k] for k in thresholds]
+            for r in scale["rules"]
+        }
+        keda_rules = {
+            t["metadata"]["queueName"]: [
+                str(t["metadata"].get(k, d)) for k, d in zip(thresholds, ("5", "0"), strict=True)
+            ]
+            for t in spec["triggers"]
+            if t["type"] == "azure-queue"
+        }
+        assert bicep_rules == keda_rules, role
+        env = _env(app)
+        shared = (set(env) & set(kubernetes)) - {"BILLING_TRIGGER_BACKEND"}
+        assert {name: env[name] for name in shared} == {name: kubernetes[name] for name in shared}, role
+        assert shared >= {"BILLING_QUEUE_PREFIX", "BILLING_PARTITIONS", "BILLING_SHUTDOWN_DEADLINE"}
