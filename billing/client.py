@@ -9,10 +9,11 @@ import io
 import logging
 import re
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import BinaryIO
 
 from azure.core.exceptions import ResourceExistsError
 from azure.storage.blob.aio import ContainerClient
@@ -23,7 +24,14 @@ from shared.messaging.envelope import ClaimCheck, batch_blob
 from shared.messaging.storage import Storage
 from shared.messaging.tally import Tally, tallying
 from shared.messaging.triggers import trigger_bus
-from shared.protocol import BatchRequest, request_envelope
+from shared.protocol import (
+    INBOX_BLOCK,
+    INBOX_CODEC_KEY,
+    BatchRequest,
+    compress_inbox_block,
+    inbox_codec,
+    request_envelope,
+)
 from shared.refstore import PRICEBOOK, TAXES, ReferenceStore
 from shared.rules.batchfile import detect_format, read_chunks
 from shared.rules.reference import load_price_book, load_tax_table
@@ -151,18 +159,30 @@ def wait_for(
 
 
 async def _upload(inbox: ContainerClient, batch_id: str, path: Path, fmt: str) -> bool:
-    """Upload the file to its inbox blob unless it is there; False when that batch was already
-    submitted. An inbox blob without its :data:`REQUESTED` mark is an upload whose request never went
-    out (the submitting process died, or the upload's reply was lost and the SDK's retry found the
-    blob): this submission carries on and sends it. Should two submissions of one file race, the
-    initiator gets the request twice, which at-least-once delivery makes it handle anyway."""
+    """Upload the file to its inbox blob (compressed as the format's :func:`inbox_codec` says) unless
+    it is there; False when that batch was already submitted. An inbox blob without its
+    :data:`REQUESTED` mark is an upload whose request never went out (the submitting process died, or
+    the upload's reply was lost and the SDK's retry found the blob): this submission carries on and
+    sends it. Should two submissions of one file race, the initiator gets the request twice, which
+    at-least-once delivery makes it handle anyway."""
+    codec = inbox_codec(fmt)
     metadata = {"source": path.name[:200].encode("ascii", "replace").decode(), "format": fmt}
     try:
         with path.open("rb") as file:
-            await inbox.upload_blob(batch_id, file, overwrite=False, max_concurrency=4, metadata=metadata)
+            if codec is None:
+                await inbox.upload_blob(batch_id, file, overwrite=False, max_concurrency=4, metadata=metadata)
+            else:
+                metadata[INBOX_CODEC_KEY] = codec
+                await inbox.upload_blob(batch_id, _compressed(file, codec), overwrite=False, metadata=metadata)
     except ResourceExistsError:
         return not await inbox.get_blob_client(REQUESTED.format(batch_id)).exists()
     return True
+
+
+async def _compressed(file: BinaryIO, codec: str) -> AsyncIterator[bytes]:
+    """The file as compressed frames, read and compressed off the event loop while blocks upload."""
+    while block := await asyncio.to_thread(file.read, INBOX_BLOCK):
+        yield await asyncio.to_thread(compress_inbox_block, block, codec)
 
 
 async def _announce(settings: Settings, storage: Storage) -> None:

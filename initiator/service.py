@@ -24,7 +24,16 @@ from shared.messaging.poison import PoisonQueue
 from shared.messaging.service import Service
 from shared.messaging.storage import Storage
 from shared.messaging.triggers import TriggerBus
-from shared.protocol import BatchRequest, Manifest, WorkHeader, manifest_envelope, parse_request, work_envelope
+from shared.protocol import (
+    INBOX_CODEC_KEY,
+    BatchRequest,
+    Manifest,
+    WorkHeader,
+    inbox_reader,
+    manifest_envelope,
+    parse_request,
+    work_envelope,
+)
 from shared.refstore import PRICEBOOK, TAXES, ReferenceStore
 from shared.rules.reference import load_price_book, load_tax_table
 from shared.rules.schemas import REJECT_SCHEMA
@@ -129,8 +138,9 @@ class Initiator(Service):
             return
         pipe = BlockPipe()
         feeding = asyncio.create_task(pipe.feed(download.chunks()))
+        codec = download.properties.metadata.get(INBOX_CODEC_KEY)
         try:
-            yield io.BufferedReader(pipe, buffer_size=1 << 20)
+            yield inbox_reader(io.BufferedReader(pipe, buffer_size=1 << 20), codec)
         finally:
             pipe.close()
             feeding.cancel()

@@ -7,11 +7,12 @@ encoding, zstd: small, fast, exact types).
 
 from __future__ import annotations
 
+import io
 import logging
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import Any, BinaryIO, TypeVar
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -52,6 +53,33 @@ def decode_table(data: bytes) -> pa.Table:
         return pq.read_table(pa.BufferReader(data)).replace_schema_metadata(None)
     except (pa.ArrowException, OSError) as exc:
         raise ValueError(f"encoded table is damaged: {exc}") from exc
+
+
+#: Text batch files (CSV, JSON Lines) lie in the inbox as zstd frames, one per ``INBOX_BLOCK`` bytes
+#: of the file: a quarter of the bytes to upload, store and download, cut and read as a stream. The
+#: blob's metadata names the codec (``INBOX_CODEC_KEY``); Parquet is compressed already and goes as is.
+INBOX_CODEC = "zstd"
+INBOX_CODEC_KEY = "codec"
+INBOX_BLOCK = 4 << 20
+
+
+def inbox_codec(fmt: str) -> str | None:
+    """The codec a batch file of format ``fmt`` is stored with in the inbox (None: as it is)."""
+    return None if fmt == "parquet" else INBOX_CODEC
+
+
+def compress_inbox_block(block: bytes, codec: str) -> bytes:
+    """One block of a file as a frame of its own (frames concatenate into one stream)."""
+    compressed: bytes = pa.Codec(codec).compress(block, asbytes=True)
+    return compressed
+
+
+def inbox_reader(stream: BinaryIO, codec: str | None) -> BinaryIO:
+    """The file's own bytes from its inbox blob's ``stream``, decompressed as they are read."""
+    if codec is None:
+        return stream
+    decompressed = pa.CompressedInputStream(pa.PythonFile(stream, mode="r"), codec)
+    return io.BufferedReader(decompressed, buffer_size=1 << 20)
 
 
 @dataclass(frozen=True)
