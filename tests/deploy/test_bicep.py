@@ -94,10 +94,10 @@ class Template:
 
     def lookup(self, name: str) -> Any:
         if name not in self._values:
-            if name in self.doc["parameters"]:
+            if name in self.doc.get("parameters", {}):
                 param = self.doc["parameters"][name]
                 self._values[name] = self._params[name] if name in self._params else self.eval(param["default"], {})
-            elif name in self.doc["variables"]:
+            elif name in self.doc.get("variables", {}):
                 self._values[name] = self.eval(self.doc["variables"][name]["value"], {})
             else:  # a resource or module: its properties are known at deployment only
                 self._values[name] = Ref(name)
@@ -173,7 +173,8 @@ class Template:
             return Ref(f"{base.expr}[{key}]") if isinstance(base, Ref) else base[key]
         if isinstance(key, dict):  # a.(b.c): pycep nests the rest of a path to the right
             inner = key["operator"]
-            return self._access(self._access(base, inner["operands"]["operand_1"], kind, local), *_rest(inner), local)
+            first = self._access(base, inner["operands"]["operand_1"], kind, local)
+            return self._access(first, inner["operands"]["operand_2"], inner["type"], local)
         return Ref(f"{base.expr}.{key}") if isinstance(base, Ref) else base[key]
 
     def _path(self, text: str, local: dict[str, Any]) -> Any:
@@ -190,17 +191,13 @@ class Template:
 _INTERPOLATION = re.compile(r"\$\{([^}]*)\}")
 
 
-def _rest(accessor: dict[str, Any]) -> tuple[Any, str]:
-    return accessor["operands"]["operand_2"], accessor["type"]
-
-
 def _as_list(value: Any) -> list[Any]:
     return value if isinstance(value, list) else [value]
 
 
 @cache
 def _parse(path: Path) -> dict[str, Any]:
-    return BicepParser().parse(file_path=path)  # type: ignore[no-any-return]
+    return dict(BicepParser().parse(file_path=path))
 
 
 def _template(size: dict[str, Any]) -> Template:
