@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import io
 import os
 import subprocess
 import sys
@@ -12,6 +13,7 @@ import pytest
 
 from billing.client import REQUESTED
 from shared.messaging.storage import Storage
+from shared.protocol import INBOX_CODEC, inbox_reader
 from shared.settings import Settings
 
 HEADER = "transaction_id,account_id,timestamp,product,quantity,region\n"
@@ -86,6 +88,21 @@ def test_resubmitting_a_batch_changes_nothing_and_says_so(settings_env: Settings
     assert second.returncode == 0, second.stderr
     assert "already submitted" in second.stdout
     assert asyncio.run(_queued_and_inbox(settings_env)) == (1, 1)
+
+
+def test_a_text_file_lies_in_the_inbox_compressed(settings_env: Settings, tmp_path: Path, product: str) -> None:
+    path = tmp_path / "batch.csv"
+    path.write_text(HEADER + GOOD_ROW.format(product=product) * 2000)
+    assert billing("submit", str(path), "--batch-id", "b-z").returncode == 0
+
+    async def stored() -> tuple[dict[str, str], bytes]:
+        async with Storage(settings_env) as storage:
+            blob = await storage.container(settings_env.inbox_container).download_blob("b-z")
+            return blob.properties.metadata, await blob.readall()
+
+    metadata, content = asyncio.run(stored())
+    assert metadata["codec"] == INBOX_CODEC and len(content) < path.stat().st_size / 10
+    assert inbox_reader(io.BytesIO(content), INBOX_CODEC).read() == path.read_bytes()
 
 
 def test_an_upload_whose_request_never_went_out_is_submitted_again(
