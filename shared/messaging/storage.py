@@ -3,11 +3,12 @@ retry policy, and a request counter that sees each HTTP request the SDK puts on 
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
 import ipaddress
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from types import TracebackType
 from typing import Any
 from urllib.parse import urlsplit
@@ -189,13 +190,18 @@ class Storage:
         return client
 
     async def ensure(self, *, queues: Iterable[str] = (), containers: Iterable[str] = ()) -> None:
-        """Create queues and containers that do not exist yet."""
-        for name in queues:
+        """Create queues and containers that do not exist yet (all at once; the first failure is raised)."""
+
+        async def create(make: Callable[[], Awaitable[object]]) -> None:
             with contextlib.suppress(ResourceExistsError):
-                await self.queue(name).create_queue()
-        for name in containers:
-            with contextlib.suppress(ResourceExistsError):
-                await self.container(name).create_container()
+                await make()
+
+        makers: list[Callable[[], Awaitable[object]]] = [self.queue(name).create_queue for name in queues]
+        makers += [self.container(name).create_container for name in containers]
+        outcomes = await asyncio.gather(*map(create, makers), return_exceptions=True)
+        for outcome in outcomes:
+            if isinstance(outcome, BaseException):
+                raise outcome
 
     async def ensure_all(self) -> None:
         """Create every queue and container the pipeline uses (and the secondary's backlog queues)."""
