@@ -12,12 +12,15 @@ from datetime import UTC, date, datetime
 
 import matplotlib as mpl
 import numpy as np
+from matplotlib import ticker
 from matplotlib.figure import Figure
 
 mpl.rcParams.update({"svg.fonttype": "none", "text.parse_math": False, "svg.hashsalt": "billing"})
 
 WIDTH, HEIGHT = 7.0, 3.2  # inches; the page scales the SVG to its width
 _LIMIT = 20  # most bars or series in one chart
+#: Axis labels with thousands separators, never an offset or scientific notation.
+_TICKS = ticker.FuncFormatter(lambda x, _: f"{x:,.0f}" if abs(x) >= 1000 else f"{x:,.6g}")
 
 
 def bars(labels: Sequence[str], values: Sequence[float], *, title: str, unit: str) -> str:
@@ -26,6 +29,7 @@ def bars(labels: Sequence[str], values: Sequence[float], *, title: str, unit: st
     figure = Figure(figsize=(WIDTH, max(1.6, 0.32 * len(pairs) + 0.9)))
     axes = figure.add_subplot()
     axes.barh([label for label, _ in pairs], [value for _, value in pairs], color="#3b6ea5")
+    axes.xaxis.set_major_formatter(_TICKS)
     axes.set_xlabel(unit)
     return _svg(figure, title)
 
@@ -40,6 +44,7 @@ def lines(series: Mapping[str, Mapping[date | datetime, float]], *, title: str, 
         moments = np.array([_naive_utc(x) for x in xs], dtype="datetime64[s]")
         axes.plot(moments, [points[x] for x in xs], marker="o", markersize=3, label=name)
     figure.autofmt_xdate()
+    axes.yaxis.set_major_formatter(_TICKS)
     axes.set_ylabel(unit)
     if len(kept) > 1:
         axes.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.0, 1.0))

@@ -1,5 +1,5 @@
 // Live batch progress on /batches: polls the JSON API every second and updates the table in place
-// (text only: values are set with textContent, never as HTML). New batches reload the page once.
+// (text only: values are set with textContent, never as HTML); a new batch gets a new row at the top.
 "use strict";
 (function () {
   const table = document.getElementById("batches");
@@ -26,17 +26,48 @@
     set("requests_per_1000", batch.requests_per_1000 === null ? "—" : String(batch.requests_per_1000));
   }
 
+  const find = (id) => Array.from(table.querySelectorAll("tr[data-batch]")).find((r) => r.dataset.batch === id);
+
+  function add(id) {
+    const row = document.createElement("tr");
+    row.dataset.batch = id;
+    const cell = (field, numeric) => {
+      const td = document.createElement("td");
+      if (field) td.dataset.field = field;
+      if (numeric) td.className = "num";
+      row.appendChild(td);
+      return td;
+    };
+    const link = document.createElement("a");
+    link.href = `/batches/${encodeURIComponent(id)}`;
+    link.textContent = id;
+    cell("").appendChild(link);
+    cell("state");
+    const progress = cell("");
+    const bar = document.createElement("progress");
+    bar.max = 1;
+    bar.dataset.field = "progress";
+    const items = document.createElement("span");
+    items.dataset.field = "items";
+    progress.append(bar, " ", items);
+    for (const field of ["rows", "accepted", "rejected"]) cell(field, true);
+    cell("accepted_at");
+    cell("latency_seconds", true);
+    cell("requests_per_1000", true);
+    const empty = table.querySelector("tr.empty");
+    if (empty) empty.remove();
+    table.tBodies[0].prepend(row);
+    known.add(id);
+    return row;
+  }
+
   async function poll() {
     try {
       const response = await fetch(table.dataset.live, { headers: { Accept: "application/json" } });
       if (response.ok) {
         const page = await response.json();
         for (const batch of page.items) {
-          if (!known.has(batch.batch_id)) {
-            window.location.reload();
-            return;
-          }
-          const row = Array.from(table.querySelectorAll("tr[data-batch]")).find((r) => r.dataset.batch === batch.batch_id);
+          const row = known.has(batch.batch_id) ? find(batch.batch_id) : add(batch.batch_id);
           if (row) update(batch, row);
         }
       }
