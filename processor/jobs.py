@@ -28,6 +28,10 @@ def exit_with(owner: int, interval: float = 1.0) -> None:
     threading.Thread(target=watch, name="owner-watch", daemon=True).start()
 
 
+def started() -> None:
+    """A task that does nothing: submitted once per worker, it makes the pool start them all."""
+
+
 @lru_cache(maxsize=16)
 def _price_book(data: bytes) -> PriceBook:
     return load_price_book(data)

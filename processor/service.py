@@ -22,6 +22,7 @@ from shared.protocol import WorkHeader, notify_controller, parse_work_header
 from shared.refstore import PRICEBOOK, TAXES, ReferenceStore
 from shared.settings import Settings
 
+from . import jobs
 from .jobs import exit_with, rate_work_items
 
 log = logging.getLogger(__name__)
@@ -38,12 +39,15 @@ class Processor(Service):
         super().__init__(storage=storage, settings=settings, triggers=triggers, burst=burst)
         self.claim_check = ClaimCheck(storage, container=settings.work_container, limit=settings.max_message_bytes)
         self.references = ReferenceStore(storage, container=settings.reference_container)
+        # Rating workers start now, not when the first work item waits for them: the fork server
+        # imports the rating code once, and each worker is a fork of it.
+        context = multiprocessing.get_context("forkserver")
+        context.set_forkserver_preload([jobs.__name__])
         self._pool = ProcessPoolExecutor(
-            max_workers=settings.cpu_workers,
-            mp_context=multiprocessing.get_context("forkserver"),
-            initializer=exit_with,
-            initargs=(os.getpid(),),
+            max_workers=settings.cpu_workers, mp_context=context, initializer=exit_with, initargs=(os.getpid(),)
         )
+        for _ in range(settings.cpu_workers):
+            self._pool.submit(jobs.started)
         poison = PoisonQueue(
             storage, self.claim_check, on_poisoned=notify_controller(self.claim_check, settings.results_queue)
         )
