@@ -386,6 +386,9 @@ module postgresIdentityAdmin 'modules/postgres-admin.bicep' = {
     principalName: identity.name
     principalType: 'ServicePrincipal'
   }
+  dependsOn: [
+    database // the server takes one change at a time
+  ]
 }
 
 module postgresPeopleAdmin 'modules/postgres-admin.bicep' = if (!empty(postgresAdminObjectId)) {
@@ -397,7 +400,7 @@ module postgresPeopleAdmin 'modules/postgres-admin.bicep' = if (!empty(postgresA
     principalType: postgresAdminType
   }
   dependsOn: [
-    postgresIdentityAdmin // one administrator change at a time
+    postgresIdentityAdmin // the server takes one change at a time
   ]
 }
 
@@ -549,7 +552,6 @@ var roles = [
     maxReplicas: initiatorMaxReplicas
     cpu: '1.0'
     memory: '2Gi'
-    env: []
   }
   {
     name: 'processor'
@@ -562,12 +564,6 @@ var roles = [
     maxReplicas: processorMaxReplicas
     cpu: '1.0'
     memory: '2Gi'
-    env: [
-      {
-        name: 'BILLING_CPU_WORKERS' // the container's cores, not the host's that os.cpu_count() sees
-        value: '1'
-      }
-    ]
   }
   {
     name: 'controller'
@@ -582,15 +578,27 @@ var roles = [
     maxReplicas: controllerMaxReplicas
     cpu: '0.5'
     memory: '1Gi'
-    env: [
-      {
-        // Entra authentication as the identity, which administers the server: no password (see README).
-        name: 'BILLING_SQL_URL'
-        value: 'postgresql://${identity.name}@${postgres.properties.fullyQualifiedDomainName}:5432/${databaseName}?sslmode=require'
-      }
-    ]
   }
 ]
+
+// Settings of one role only, kept out of `roles`: a loop runs over `roles`, so it must be known at
+// the start of the deployment, and the server's host name is known only once the server exists.
+var roleEnv = {
+  initiator: []
+  processor: [
+    {
+      name: 'BILLING_CPU_WORKERS' // the container's cores, not the host's that os.cpu_count() sees
+      value: '1'
+    }
+  ]
+  controller: [
+    {
+      // Entra authentication as the identity, which administers the server: no password (see README).
+      name: 'BILLING_SQL_URL'
+      value: 'postgresql://${identity.name}@${postgres.properties.fullyQualifiedDomainName}:5432/${databaseName}?sslmode=require'
+    }
+  ]
+}
 
 module apps 'modules/app.bicep' = [
   for role in roles: {
@@ -613,7 +621,7 @@ module apps 'modules/app.bicep' = [
       cooldownPeriod: role.cooldownPeriod
       cpu: role.cpu
       memory: role.memory
-      env: concat(commonEnv, role.env, [
+      env: concat(commonEnv, roleEnv[role.name], [
         {
           name: 'BILLING_TRIGGER_SUBSCRIPTION'
           value: role.name
