@@ -77,3 +77,19 @@ def sorted_records(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def report(kind: str, batch_id: str) -> list[dict[str, Any]]:
     return json.loads(billing("report", kind, "--batch", batch_id, "--format", "json").stdout)
+
+
+def assert_batch_exact(batch_id: str, path: Path) -> None:
+    """Batch ``batch_id`` (submitted from ``path``) is complete, nothing poisoned, every row counted once,
+    and its aggregates and invoices equal the reference model's."""
+    aggregates, invoices, rejects = expected(read_raw(path))
+    status = json.loads(billing("status", batch_id, "--json").stdout)
+    assert status["state"] == "complete", status
+    assert status["poisoned_items"] == 0
+    assert (status["accepted"], status["rejected"]) == (sum(a["transactions"] for a in aggregates), len(rejects))
+    assert status["completed_items"] == status["work_items"]
+    got = report("aggregates", batch_id)
+    for record in got:
+        record["quantity"] = Decimal(record["quantity"])
+    assert sorted_records(got) == aggregates
+    assert sorted_records(report("invoices", batch_id)) == invoices
