@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from controller.store import Store
+from shared import telemetry
 from shared.errors import BillingError
 from shared.logs import configure_logging, redact
 from shared.messaging.poison import Action as PoisonAction
@@ -132,7 +133,8 @@ def submit(
 ) -> None:
     """Submit one batch file (CSV, JSON Lines or Parquet)."""
     settings = resolve()
-    outcome = asyncio.run(client.submit(settings, file, batch_id=batch_id, pricebook=pricebook, taxes=taxes))
+    with telemetry.running("client"):  # exported when configured: the root span of the batch's trace
+        outcome = asyncio.run(client.submit(settings, file, batch_id=batch_id, pricebook=pricebook, taxes=taxes))
     if outcome.duplicate:
         click.echo(f"batch {outcome.batch_id} was already submitted; nothing changed")
     else:

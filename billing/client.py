@@ -19,6 +19,7 @@ from azure.core.exceptions import ResourceExistsError
 from azure.storage.blob.aio import ContainerClient
 
 from controller.store import FINAL_STATES, BatchStatus, Store
+from shared import telemetry
 from shared.errors import FileRefused, InputError
 from shared.messaging.envelope import ClaimCheck, batch_blob
 from shared.messaging.storage import Storage
@@ -114,7 +115,9 @@ async def submit(
         batch_id = await asyncio.to_thread(file_digest, path)
     async with Storage(settings) as storage:
         await storage.ensure_all()
-        with tallying(Tally()):  # the batch's first requests: its request message carries them
+        root = {telemetry.BATCH_ID: batch_id, "billing.source": path.name}
+        # The batch's first requests (its request message carries them) and the root span of its trace.
+        with tallying(Tally()), telemetry.TRACER.start_as_current_span("billing submit", attributes=root):
             references = ReferenceStore(storage, container=settings.reference_container)
             request = BatchRequest(
                 batch_id=batch_id,

@@ -3,17 +3,22 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 from collections import Counter
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import TypeVar
 
 from azure.storage.queue import QueueMessage
+from opentelemetry import trace
+from opentelemetry.trace import Span, SpanKind, StatusCode
 from prometheus_client import Histogram
 
+from shared import telemetry
 from shared.errors import PoisonMessage
 from shared.messaging import tally
 from shared.messaging.backoff import patiently
@@ -80,6 +85,7 @@ class Controller(Service):
             buckets=LATENCY_BUCKETS,
             registry=self.metrics,
         )
+        self.settled = telemetry.BatchCounters()
 
     @classmethod
     async def create(
@@ -94,33 +100,65 @@ class Controller(Service):
         manifests: list[Manifest] = []
         results: list[WorkItemResult] = []
         notices: list[PoisonNotice] = []
-        charged: list[tuple[int, dict[str, int]]] = []  # per message: its stamp, its transactions per batch
+        charged: list[tuple[int, list[_Carried]]] = []  # per message: its stamp, what it carries
         for message in messages:
             try:
                 envelope = await self.claim_check.unpack(message.content)
                 if envelope.kind == MANIFEST:
                     manifests.append(manifest := parse_manifest(envelope))
-                    charged.append((envelope.requests, {manifest.batch_id: 0}))
+                    carried = [_Carried("apply manifest", manifest.batch_id, envelope.trace)]
                 elif envelope.kind == POISONED:
                     notices.append(notice := parse_poisoned(envelope))
-                    charged.append((envelope.requests, {notice.batch_id: 0}))
+                    carried = [_Carried("apply poison notice", notice.batch_id, envelope.trace, notice.work_item_id)]
                 else:
-                    results.extend(carried := parse_results(envelope))
-                    charged.append((envelope.requests, _transactions_by_batch(carried)))
+                    results.extend(items := parse_results(envelope))
+                    carried = [
+                        _Carried("apply work item", r.batch_id, r.trace, r.work_item_id, r.transactions) for r in items
+                    ]
+                charged.append((envelope.requests, carried))
             except PoisonMessage as exc:
                 poisoned[message.id] = str(exc)
         if manifests or results or notices:
-            requests = _requests_by_batch(charged, own=max(0, tally.take() - sum(stamp for stamp, _ in charged)))
-            apply = functools.partial(self.store.apply, manifests, results, notices, requests=requests)
-            outcome = await self._in_sql_thread(apply)
+            shares = _requests_carried(charged, own=max(0, tally.take() - sum(stamp for stamp, _ in charged)))
+            requests: Counter[str] = Counter()
+            spans: list[Span] = []
+            last: dict[str, Span] = {}  # per batch, the span of the last thing applied for it
+            for (_, carried), counts in zip(charged, shares, strict=True):
+                for thing, count in zip(carried, counts, strict=True):
+                    requests[thing.batch_id] += count
+                    spans.append(span := thing.start_span(count))
+                    last[thing.batch_id] = span
+            with _ending(spans):
+                apply = functools.partial(self.store.apply, manifests, results, notices, requests=requests)
+                outcome = await self._in_sql_thread(apply)
             for batch_id in outcome.completed_batches:
-                log.info("batch %s complete", batch_id)
+                async with self._settling(batch_id, last.get(batch_id), "batch complete"):
+                    log.info("batch %s complete", batch_id)
             for latency in outcome.latency_seconds.values():
                 self.batch_latency.observe(latency)
             for batch_id in outcome.failed_batches:
-                log.error("batch %s failed: work items went to a poison queue (see `billing poison list`)", batch_id)
+                async with self._settling(batch_id, last.get(batch_id), "batch failed") as span:
+                    span.set_status(StatusCode.ERROR, "work items went to a poison queue")
+                    log.error(
+                        "batch %s failed: work items went to a poison queue (see `billing poison list`)", batch_id
+                    )
         # Committed: the listener may now delete these messages.
         return poisoned
+
+    @contextlib.asynccontextmanager
+    async def _settling(self, batch_id: str, cause: Span | None, name: str) -> AsyncIterator[Span]:
+        """A span for a batch that just settled, the child of what settled it; with telemetry on,
+        the batch's figures (as ``billing status`` shows them) on it and added to the counters."""
+        with telemetry.TRACER.start_as_current_span(
+            name, None if cause is None else trace.set_span_in_context(cause), attributes={telemetry.BATCH_ID: batch_id}
+        ) as span:
+            if telemetry.enabled():
+                status = await self._in_sql_thread(functools.partial(self.store.batch, batch_id))
+                if status is not None:
+                    figures = status.to_json_dict()
+                    self.settled.settled(figures)
+                    span.set_attributes({f"billing.{field}": figures[field] for field in telemetry.BATCH_FIELDS})
+            yield span
 
     async def clean_up(self) -> None:
         """Delete the claim-check blobs of batches settled longer ago than the retention.
@@ -147,19 +185,45 @@ class Controller(Service):
         return asyncio.get_running_loop().run_in_executor(self._sql, work)
 
 
-def _transactions_by_batch(results: list[WorkItemResult]) -> dict[str, int]:
-    by_batch: Counter[str] = Counter()
-    for result in results:
-        by_batch[result.batch_id] += result.transactions
-    return by_batch
+@dataclass(frozen=True)
+class _Carried:
+    """One thing a message carries for a batch (a manifest, a work item's results, a poison
+    notice) with the trace context it came with: applied in a span of its own."""
+
+    span: str
+    batch_id: str
+    trace: Mapping[str, str]
+    work_item_id: str | None = None
+    transactions: int = 0
+
+    def start_span(self, requests: int) -> Span:
+        attributes: dict[str, str | int] = {telemetry.BATCH_ID: self.batch_id, telemetry.REQUESTS: requests}
+        if self.work_item_id is not None:
+            attributes |= {telemetry.WORK_ITEM_ID: self.work_item_id, telemetry.ROWS: self.transactions}
+        context = telemetry.context_of(self.trace)
+        return telemetry.TRACER.start_span(self.span, context, SpanKind.CONSUMER, attributes)
 
 
-def _requests_by_batch(charged: list[tuple[int, dict[str, int]]], *, own: int) -> Counter[str]:
-    """Requests per batch: each message's stamp plus an equal share of this controller's own
-    (its receive, claim-check reads and deletes), split over the batches a message carries
-    in proportion to their transactions."""
-    requests: Counter[str] = Counter()
-    for (stamp, batches), share in zip(charged, tally.spread(own, [1] * len(charged)), strict=True):
-        for batch_id, part in zip(batches, tally.spread(stamp + share, list(batches.values())), strict=True):
-            requests[batch_id] += part
-    return requests
+@contextlib.contextmanager
+def _ending(spans: Iterable[Span]) -> Iterator[None]:
+    """End ``spans`` after the block, marked failed if it raised."""
+    try:
+        yield
+    except BaseException as exc:
+        for span in spans:
+            span.record_exception(exc)
+            span.set_status(StatusCode.ERROR, type(exc).__name__)
+        raise
+    finally:
+        for span in spans:
+            span.end()
+
+
+def _requests_carried(charged: list[tuple[int, list[_Carried]]], *, own: int) -> list[list[int]]:
+    """Requests per thing carried, by message: each message's stamp plus an equal share of this
+    controller's own (its receive, claim-check reads and deletes), split over what it carries in
+    proportion to transactions. Summed by batch, they are what the store adds to each batch."""
+    return [
+        tally.spread(stamp + share, [thing.transactions for thing in carried])
+        for (stamp, carried), share in zip(charged, tally.spread(own, [1] * len(charged)), strict=True)
+    ]

@@ -17,7 +17,9 @@ from typing import BinaryIO
 
 from azure.core.exceptions import ResourceNotFoundError
 from azure.storage.queue import QueueMessage
+from opentelemetry.trace import SpanKind, StatusCode
 
+from shared import telemetry
 from shared.errors import InputError, PoisonMessage
 from shared.messaging.envelope import ClaimCheck, batch_blob
 from shared.messaging.poison import PoisonQueue
@@ -90,8 +92,25 @@ class Initiator(Service):
         poisoned: dict[str, str] = {}
         for message in messages:
             try:
-                request = parse_request(await self.claim_check.unpack(message.content))
-                await self.initiate(request)
+                envelope = await self.claim_check.unpack(message.content)
+                request = parse_request(envelope)
+                with telemetry.TRACER.start_as_current_span(
+                    "debatch",
+                    telemetry.context_of(envelope.trace),  # a child of `billing submit`
+                    SpanKind.CONSUMER,
+                    {telemetry.BATCH_ID: request.batch_id, "billing.source": request.source},
+                ) as span:
+                    manifest = await self.initiate(request)
+                    span.set_attributes(
+                        {
+                            telemetry.ROWS: manifest.rows,
+                            "billing.accepted": manifest.accepted,
+                            "billing.rejected": manifest.rejected,
+                            "billing.work_items": manifest.work_items,
+                        }
+                    )
+                    if manifest.refused:
+                        span.set_status(StatusCode.ERROR, manifest.refused)
             except PoisonMessage as exc:
                 poisoned[message.id] = str(exc)
         return poisoned
@@ -123,8 +142,8 @@ class Initiator(Service):
 
     @asynccontextmanager
     async def _inbox_file(self, request: BatchRequest) -> AsyncIterator[BinaryIO]:
-        """The submitted file as a blocking stream that fills while it downloads (a Parquet file,
-        read from its footer, is downloaded whole to a scratch file first)."""
+        """The submitted file as a blocking stream that fills (and decompresses) while it downloads
+        (a Parquet file, read from its footer, is downloaded whole to a scratch file first)."""
         try:
             download = await self.storage.container(self.settings.inbox_container).download_blob(request.blob_name)
         except ResourceNotFoundError as exc:
@@ -181,13 +200,22 @@ class Initiator(Service):
         await self.announce({queue: (messages, rows) for queue, (messages, rows) in counts.items() if messages})
 
     async def _send(self, queue: str, header: WorkHeader, encoded: bytes, phases: _Phases, *, first: bool) -> None:
-        """Send one work item; the first on each queue wakes its processors at once."""
+        """Send one work item (in a span of its own: the parent of its rating); the first on each
+        queue wakes its processors at once."""
+        attributes: dict[str, str | int] = {
+            telemetry.BATCH_ID: header.batch_id,
+            telemetry.WORK_ITEM_ID: header.work_item_id,
+            telemetry.ROWS: header.rows,
+        }
         try:
-            await self.claim_check.send(
-                queue,
-                work_envelope(header, encoded),
-                blob_name=batch_blob(header.batch_id, "work", header.work_item_id),
-            )
+            with telemetry.TRACER.start_as_current_span(
+                "send work item", kind=SpanKind.PRODUCER, attributes=attributes
+            ):
+                await self.claim_check.send(
+                    queue,
+                    work_envelope(header, encoded),
+                    blob_name=batch_blob(header.batch_id, "work", header.work_item_id),
+                )
         finally:
             self._sends.release()
         phases.sent()

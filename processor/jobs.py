@@ -43,12 +43,13 @@ def _tax_table(data: bytes) -> TaxTable:
 
 
 def rate_work_items(
-    items: list[tuple[WorkHeader, bytes]], references: dict[str, bytes]
+    items: list[tuple[WorkHeader, bytes]], references: dict[str, bytes], traces: list[dict[str, str]]
 ) -> tuple[Envelope | None, dict[int, str]]:
     """Rate a dequeued batch of work items into one coalesced results envelope.
 
-    ``references`` maps content hashes to price book / tax table bytes. Returns the envelope
-    (None if nothing could be rated) and, by position, the items that are poison with why.
+    ``references`` maps content hashes to price book / tax table bytes; ``traces`` are the items'
+    trace contexts (of their rating spans), by position, for their results to carry. Returns the
+    envelope (None if nothing could be rated) and, by position, the items that are poison with why.
     """
     results: list[WorkItemResult] = []
     poisoned: dict[int, str] = {}
@@ -61,5 +62,5 @@ def rate_work_items(
         except (InputError, KeyError) as exc:
             poisoned[index] = str(exc) if isinstance(exc, PoisonMessage) else f"unratable: {exc}"
             continue
-        results.append(WorkItemResult(header.work_item_id, header.batch_id, header.rows, partials))
+        results.append(WorkItemResult(header.work_item_id, header.batch_id, header.rows, partials, traces[index]))
     return (results_envelope(results) if results else None), poisoned

@@ -11,9 +11,11 @@ from collections.abc import Mapping
 from concurrent.futures import ProcessPoolExecutor
 
 from azure.storage.queue import QueueMessage
+from opentelemetry.trace import Span, SpanKind, StatusCode
 
+from shared import telemetry
 from shared.errors import PoisonMessage
-from shared.messaging.envelope import ClaimCheck, batch_blob
+from shared.messaging.envelope import ClaimCheck, Envelope, batch_blob
 from shared.messaging.poison import PoisonQueue
 from shared.messaging.service import Service
 from shared.messaging.storage import Storage
@@ -59,6 +61,7 @@ class Processor(Service):
         poisoned: dict[str, str] = {}
         items: list[tuple[WorkHeader, bytes]] = []
         rated: list[QueueMessage] = []
+        spans: list[Span] = []  # one per work item, in its batch's trace
         references: dict[str, bytes] = {}
         for message in messages:
             try:
@@ -71,18 +74,44 @@ class Processor(Service):
                 continue
             items.append((header, envelope.payload))
             rated.append(message)
+            spans.append(_rating_span(header, envelope))
         if not items:
             return poisoned
-        loop = asyncio.get_running_loop()
-        results, bad = await loop.run_in_executor(self._pool, rate_work_items, items, references)
-        poisoned.update({rated[index].id: reason for index, reason in bad.items()})
-        if results is not None:
-            # Named after the first item's batch: the blob is spent once that batch is complete.
-            blob_name = batch_blob(items[0][0].batch_id, "results", uuid.uuid4().hex)
-            await self.claim_check.send(self.settings.results_queue, results, blob_name=blob_name)
-            await self.announce({self.settings.results_queue: (1, sum(header.rows for header, _ in items))})
+        try:
+            traces = [telemetry.carrier(span) for span in spans]
+            loop = asyncio.get_running_loop()
+            results, bad = await loop.run_in_executor(self._pool, rate_work_items, items, references, traces)
+            poisoned.update({rated[index].id: reason for index, reason in bad.items()})
+            for index, reason in bad.items():
+                spans[index].set_status(StatusCode.ERROR, reason)
+            if results is not None:
+                # Named after the first item's batch: the blob is spent once that batch is complete.
+                blob_name = batch_blob(items[0][0].batch_id, "results", uuid.uuid4().hex)
+                await self.claim_check.send(self.settings.results_queue, results, blob_name=blob_name)
+                await self.announce({self.settings.results_queue: (1, sum(header.rows for header, _ in items))})
+        except BaseException as exc:
+            for span in spans:
+                span.record_exception(exc)
+                span.set_status(StatusCode.ERROR, type(exc).__name__)
+            raise
+        finally:
+            for span in spans:
+                span.end()
         # The results are enqueued: from here the inputs may be deleted.
         return poisoned
 
     async def aclose(self) -> None:
         await asyncio.to_thread(self._pool.shutdown)
+
+
+def _rating_span(header: WorkHeader, envelope: Envelope) -> Span:
+    """The span of one work item's rating, a child of its send: it lasts as long as the dequeued
+    batch it is rated with (the work items of one dequeue are rated and their results sent together)."""
+    attributes: dict[str, str | int] = {
+        telemetry.BATCH_ID: header.batch_id,
+        telemetry.WORK_ITEM_ID: header.work_item_id,
+        telemetry.ROWS: header.rows,
+        telemetry.REQUESTS: envelope.requests,  # those of its send, so far
+    }
+    context = telemetry.context_of(envelope.trace)
+    return telemetry.TRACER.start_span("rate work item", context, SpanKind.CONSUMER, attributes)

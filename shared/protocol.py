@@ -109,12 +109,14 @@ class Manifest:
 
 @dataclass(frozen=True)
 class WorkItemResult:
-    """The processor's partial aggregates for one work item."""
+    """The processor's partial aggregates for one work item, with the trace context of its rating
+    (a results message carries several work items, each in its own batch's trace)."""
 
     work_item_id: str
     batch_id: str
     transactions: int
     partials: pa.Table  # PARTIAL_SCHEMA
+    trace: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -178,6 +180,7 @@ def results_envelope(results: list[WorkItemResult]) -> Envelope:
             "batch_id": r.batch_id,
             "transactions": r.transactions,
             "groups": r.partials.num_rows,
+            **({"trace": r.trace} if r.trace else {}),
         }
         for r in results
     ]
@@ -196,8 +199,12 @@ def parse_results(envelope: Envelope) -> list[WorkItemResult]:
             groups = int(item["groups"])
             partials = table.slice(offset, groups)
             offset += groups
+            carried = item.get("trace")  # absent from older messages
+            trace = {str(k): str(v) for k, v in carried.items()} if isinstance(carried, dict) else {}
             results.append(
-                WorkItemResult(str(item["work_item_id"]), str(item["batch_id"]), int(item["transactions"]), partials)
+                WorkItemResult(
+                    str(item["work_item_id"]), str(item["batch_id"]), int(item["transactions"]), partials, trace
+                )
             )
     except (KeyError, TypeError, ValueError) as exc:
         raise PoisonMessage("bad_results", str(exc)) from exc

@@ -4,7 +4,9 @@ A message is a small JSON object: its ``kind``, free-form ``headers``, the paylo
 and either the payload inline (base64) or a reference to the blob holding it. :class:`ClaimCheck`
 decides which: inline when the whole message stays under the queue's size limit, else a blob.
 A batch's blobs share one prefix (:func:`batch_blob`) so they can be deleted together once it is done.
-Inside a :mod:`~shared.tally` a message also carries the ``requests`` that produced it.
+Inside a :mod:`~shared.tally` a message also carries the ``requests`` that produced it, and inside a
+span its W3C ``trace`` context (:func:`shared.telemetry.carrier`; absent from older messages and when
+telemetry is off).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import Any
 from azure.core.exceptions import ResourceNotFoundError
 from azure.storage.blob.aio import ContainerClient
 
+from .. import telemetry
 from ..errors import PoisonMessage
 from . import tally
 from .storage import Storage, content_hash
@@ -42,13 +45,15 @@ def batch_blob(batch_id: str, *parts: str) -> str:
 
 @dataclass(frozen=True)
 class Envelope:
-    """A decoded message: what it is, its headers, its payload bytes and the storage requests
-    stamped on it (what it cost to produce, see :mod:`shared.tally`)."""
+    """A decoded message: what it is, its headers, its payload bytes, the storage requests
+    stamped on it (what it cost to produce, see :mod:`shared.tally`) and the trace context it
+    carried (see :mod:`shared.telemetry`)."""
 
     kind: str
     headers: dict[str, Any] = field(default_factory=dict)
     payload: bytes = b""
     requests: int = 0
+    trace: dict[str, str] = field(default_factory=dict)
 
 
 def peek_headers(text: str) -> tuple[str, dict[str, Any]] | None:
@@ -80,6 +85,8 @@ class ClaimCheck:
         In a tally, the text is stamped with the requests gathered so far and its own send."""
         digest = content_hash(envelope.payload)
         message: dict[str, Any] = {"v": VERSION, "kind": envelope.kind, "headers": envelope.headers, "sha256": digest}
+        if trace := telemetry.carrier():
+            message["trace"] = trace
         data = base64.b64encode(envelope.payload).decode()  # base64 needs no escaping in JSON
         if len(json.dumps(message)) + len(data) + STAMP_ALLOWANCE <= self._limit:
             message["data"] = data
@@ -114,7 +121,7 @@ class ClaimCheck:
         if content_hash(payload) != digest:
             raise PoisonMessage("checksum_mismatch", f"payload of {kind} message does not match its sha256")
         tally.record(tally.INHERITED, requests)
-        return Envelope(kind, headers, payload, requests)
+        return Envelope(kind, headers, payload, requests, _trace(message.get("trace")))
 
     async def delete_batch(self, batch_id: str) -> int:
         """Delete every claim-check blob of ``batch_id`` (in the secondary account too, where
@@ -139,6 +146,14 @@ class ClaimCheck:
             return await stream.readall()
         except ResourceNotFoundError as exc:
             raise PoisonMessage("missing_claim_check", f"blob {container}/{name} not found") from exc
+
+
+def _trace(carried: object) -> dict[str, str]:
+    """The trace context a message carried; one that is not text by name is ignored (tracing never
+    makes a message poison)."""
+    if not isinstance(carried, dict):
+        return {}
+    return {name: value for name, value in carried.items() if isinstance(name, str) and isinstance(value, str)}
 
 
 async def _delete_blob(container: ContainerClient, name: str) -> None:

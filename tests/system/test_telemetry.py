@@ -1,0 +1,151 @@
+"""OpenTelemetry across processes: the three roles as real processes and ``billing submit`` export
+through their real SDK exporters (OTLP over HTTP, protobuf) to a receiver this test runs on
+127.0.0.1 (``support/otlp.py``: it stands in for an OpenTelemetry Collector at the wire, decoding the
+requests with ``opentelemetry-proto``, the OpenTelemetry project's own OTLP classes). One batch is one
+trace from the client's root span through every role; its spans and counters say what ``billing
+status`` says; with nothing configured no exporter, nor the SDK, is even imported."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from opentelemetry import trace
+from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
+
+from shared import telemetry
+from shared.messaging.envelope import ClaimCheck, Envelope
+from shared.messaging.storage import Storage
+from shared.rules.sample import generate
+from shared.settings import Settings
+from support.exact import billing
+from support.otlp import OtlpReceiver
+from support.roles import Roles
+
+ROWS = 6_000
+#: Long enough that nothing is exported on a schedule during the test: what arrives was flushed as
+#: each process stopped (the client at its exit, the roles at SIGTERM).
+NEVER_MS = "600000"
+
+
+def test_a_batch_is_one_trace_across_the_roles_and_its_counts_match_status(
+    settings_env: Settings, roles: Roles, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("BILLING_WORK_ITEM_SIZE", "500")
+    monkeypatch.setenv("BILLING_PARTITIONS", "2")
+    monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", NEVER_MS)
+    monkeypatch.setenv("OTEL_METRIC_EXPORT_INTERVAL", NEVER_MS)
+    settings = Settings()
+    path = tmp_path / "batch.csv"
+    generate(ROWS, path, seed=29, reject_rate=0.02)
+    with OtlpReceiver().serving() as receiver:
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.endpoint)
+        with roles.running(settings):
+            assert roles.wait_up()
+            billing("submit", str(path), "--batch-id", "traced", "--wait")
+            assert {span.service for span in receiver.spans} == {"client"}, "the client flushed as it exited"
+        assert roles.returncodes == [0, 0, 0]
+    status = json.loads(billing("status", "traced", "--json").stdout)
+    assert status["state"] == "complete" and status["work_items"] > 5
+
+    # One trace: every span about the batch, from the client and all three roles, in one tree.
+    ours = [span for span in receiver.spans if span.attributes.get(telemetry.BATCH_ID) == "traced"]
+    (trace_id,) = {span.trace_id for span in ours}
+    spans = receiver.traces()[trace_id]
+    assert {span.service for span in spans} == {"client", "initiator", "processor", "controller"}
+    (root,) = [span for span in spans if not span.parent_span_id]
+    assert (root.service, root.name) == ("client", "billing submit")
+    ids = {span.span_id for span in spans}
+    assert all(span.parent_span_id in ids for span in spans if span is not root), "a tree: no orphan"
+    names = Counter(span.name for span in spans)
+    work_items = status["work_items"]
+    assert names == {
+        "billing submit": 1,
+        "debatch": 1,
+        "send work item": work_items,
+        "rate work item": work_items,
+        "apply work item": work_items,
+        "apply manifest": 1,
+        "batch complete": 1,
+    }
+    by_id = {span.span_id: span for span in spans}
+    for span in spans:  # each work item's chain: sent by the debatch, rated, applied
+        parent = by_id.get(span.parent_span_id)
+        if span.name == "apply work item":
+            assert parent is not None and parent.name == "rate work item"
+            assert parent.attributes[telemetry.WORK_ITEM_ID] == span.attributes[telemetry.WORK_ITEM_ID]
+        if span.name == "rate work item":
+            assert parent is not None and parent.name == "send work item" and parent.service == "initiator"
+    applied = [span for span in spans if span.name == "apply work item"]
+    assert len({span.attributes[telemetry.WORK_ITEM_ID] for span in applied}) == work_items
+    assert sum(span.attributes[telemetry.ROWS] for span in applied) == status["accepted"]
+    applies = [span for span in spans if span.name.startswith("apply ")]
+    assert sum(span.attributes[telemetry.REQUESTS] for span in applies) == status["requests"]
+    (complete,) = [span for span in spans if span.name == "batch complete"]
+    assert {field: complete.attributes[f"billing.{field}"] for field in telemetry.BATCH_FIELDS} == {
+        field: status[field] for field in telemetry.BATCH_FIELDS
+    }
+
+    # Metrics: the settled batch's figures as `billing status` shows them; the roles' own counters.
+    for field in telemetry.BATCH_FIELDS:
+        assert receiver.total(f"billing.batch.{field}") == status[field], field
+    assert receiver.total("billing.batches", state="complete") == 1
+    assert sum(receiver.total("billing.messages.processed", queue=q) for q in settings.input_queues) == work_items
+    assert receiver.total("billing.messages.poisoned") == 0
+    states = [json.loads(p.read_text()) for p in (settings.home / "state").glob("*-*.json")]
+    requests = Counter[str]()
+    for state in states:  # what each role reported last, as `billing status --json` shows live roles
+        requests.update({kind: n for kind, n in state["requests"].items() if kind != "total"})
+    assert {kind: receiver.total("billing.storage.requests", kind=kind) for kind in requests} == requests
+
+    # Logs: lines about the batch name its trace.
+    assert f"trace_id={trace_id}" in roles.logs()["initiator-0.log"]
+    assert f"trace_id={trace_id}" in roles.logs()["controller-2.log"]
+
+
+@pytest.mark.parametrize(
+    "configured", [{}, {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9", "OTEL_SDK_DISABLED": "true"}]
+)
+def test_off_unless_configured_nothing_beyond_the_api_is_imported(configured: dict[str, str]) -> None:
+    """A role process's imports and start-up with no exporter configured (or the SDK disabled): no
+    exporter is created, nor the SDK imported; spans are the API's no-op ones."""
+    check = """
+import sys
+from opentelemetry import trace
+import billing.cli, controller.service, initiator.service, processor.service
+from shared import telemetry
+with telemetry.running("initiator") as on:
+    assert not on and not telemetry.enabled()
+    assert type(trace.get_tracer_provider()).__name__ == "ProxyTracerProvider"
+    with telemetry.TRACER.start_as_current_span("nothing") as span:
+        assert not span.is_recording()
+loaded = [m for m in sys.modules if m.startswith(("opentelemetry.sdk", "opentelemetry.exporter", "azure.monitor"))]
+assert not loaded, loaded
+"""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "APPLICATIONINSIGHTS_"))}
+    done = subprocess.run(
+        [sys.executable, "-c", check], env={**env, **configured}, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+
+
+async def test_envelopes_carry_the_trace_context_and_older_ones_still_decode(
+    settings_env: Settings, storage: Storage
+) -> None:
+    claim_check = ClaimCheck(storage, container=settings_env.work_container, limit=64 * 1024)
+    context = SpanContext(0x0AF7651916CD43DD8448EB211C80319C, 0xB7AD6B7169203331, False, TraceFlags(1))
+    with trace.use_span(NonRecordingSpan(context)):
+        text = await claim_check.pack(Envelope("work", {"a": 1}, b"payload"), queue="q", blob_name="unused")
+    carried = json.loads(text)["trace"]
+    assert carried == {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}
+    envelope = await claim_check.unpack(text)
+    assert trace.get_current_span(telemetry.context_of(envelope.trace)).get_span_context().trace_id == context.trace_id
+    assert "trace" not in json.loads(await claim_check.pack(Envelope("work"), queue="q", blob_name="unused"))
+    older = json.loads(text)
+    del older["trace"]
+    assert (await claim_check.unpack(json.dumps(older))).trace == {}
