@@ -113,7 +113,7 @@ def filters(
         (product, PRODUCT_PATTERN, "product"),
         (currency, r"^[A-Z]{3}$", "currency"),
     ):
-        if any(not _matches(pattern, value) for value in values):
+        if any(re.fullmatch(pattern, value) is None for value in values):
             raise HTTPException(422, f"{name}: every value must match {pattern}")
     return Filters(tuple(account), tuple(product), tuple(currency), tuple(batch), start, end, period)
 
@@ -121,19 +121,15 @@ def filters(
 FiltersDep = Annotated[Filters, Depends(filters)]
 
 
-def _matches(pattern: str, value: str) -> bool:
-    return re.fullmatch(pattern.strip("^$"), value) is not None
-
-
-def report_json(result: queries.Result, offset: int, limit: int) -> dict[str, Any]:
-    """A query result as JSON: days as ISO text, quantity as exact text, money as ints."""
+def report_json(result: queries.Result, offset: int = 0, limit: int | None = None) -> dict[str, Any]:
+    """A query result as JSON: days as ISO text, quantity as exact text, money as ints; ``limit`` None: unpaged."""
     return {
         "rows": [row_json(row) for row in result.rows],
         "batches": [asdict(b) for b in result.batches],
         "excluded": [asdict(b) for b in result.excluded],
         "offset": offset,
-        "limit": limit,
-        "next_offset": _next(offset, limit, len(result.rows)),
+        "limit": len(result.rows) if limit is None else limit,
+        "next_offset": None if limit is None else _next(offset, limit, len(result.rows)),
     }
 
 
@@ -239,8 +235,7 @@ def invoices(store: StoreDep, selection: FiltersDep, limit: Limit = PAGE_ROWS, o
     summary="Totals per billing day and currency (and product)",
 )
 def daily(store: StoreDep, selection: FiltersDep, by_product: bool = False) -> dict[str, Any]:
-    result = queries.daily(store, selection, by_product=by_product)
-    return report_json(result, 0, max(len(result.rows), 1) + 1)
+    return report_json(queries.daily(store, selection, by_product=by_product))
 
 
 @router.get(
@@ -255,8 +250,7 @@ def top(
     dimension: Literal["account_id", "product"] = "account_id",
     limit: Annotated[int, Query(ge=1, le=100)] = 10,
 ) -> dict[str, Any]:
-    result = queries.top(store, dimension, selection, limit=limit)
-    return report_json(result, 0, len(result.rows) + 1)
+    return report_json(queries.top(store, dimension, selection, limit=limit))
 
 
 @router.get("/roles", summary="The live role processes: listeners, dequeue tasks, storage requests by kind")
