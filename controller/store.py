@@ -30,6 +30,7 @@ import pyarrow.compute as pc
 import sqlalchemy as sa
 from alembic import command
 from alembic.config import Config
+from azure.core.credentials import TokenCredential
 from sqlalchemy.dialects import postgresql, sqlite
 
 from shared.errors import ConfigurationError, InfrastructureError
@@ -39,6 +40,9 @@ from shared.rules.schemas import PARTIAL_SCHEMA
 from .schema import EXACT, aggregates, batches, rejects, work_items
 
 MIGRATIONS = Path(__file__).with_name("migrations")
+#: Azure Database for PostgreSQL server names; their Microsoft Entra login takes a token for this scope.
+AZURE_POSTGRES = ".postgres.database.azure.com"
+ENTRA_POSTGRES_SCOPE = "https://ossrdbms-aad.database.windows.net/.default"
 #: States a batch rests in (only a replay of its poisoned items moves a ``failed`` batch on).
 FINAL_STATES = frozenset({"complete", "failed", "refused"})
 
@@ -127,9 +131,16 @@ class ApplyOutcome:
 class Store:
     """The controller's SQL store (SQLite or PostgreSQL); migrates itself to the latest schema on open."""
 
-    def __init__(self, url: str, *, migrate: bool = True) -> None:
+    def __init__(self, url: str, *, migrate: bool = True, credential: TokenCredential | None = None) -> None:
+        """Open the store at ``url``. PostgreSQL logs in with a Microsoft Entra token from
+        ``credential`` when one is given, or from ``DefaultAzureCredential`` when the URL names an
+        Azure Database for PostgreSQL server and no password (the keyless way on Azure)."""
         self.url = _normalise_url(url)
-        self._engine = _create_engine(self.url)
+        if credential is None and _is_azure_postgres(self.url):
+            from azure.identity import DefaultAzureCredential
+
+            credential = DefaultAzureCredential()
+        self._engine = _create_engine(self.url, credential)
         if migrate:
             self.migrate()
 
@@ -362,10 +373,23 @@ def _normalise_url(url: str) -> sa.URL:
     return parsed
 
 
-def _create_engine(url: sa.URL) -> sa.Engine:
-    """PostgreSQL with pre-ping; SQLite in WAL mode, 30 s busy timeout, transactions begun explicitly."""
+def _is_azure_postgres(url: sa.URL) -> bool:
+    """Whether ``url`` names an Azure Database for PostgreSQL server and no password."""
+    return url.get_backend_name() == "postgresql" and url.password is None and (url.host or "").endswith(AZURE_POSTGRES)
+
+
+def _create_engine(url: sa.URL, credential: TokenCredential | None = None) -> sa.Engine:
+    """PostgreSQL with pre-ping (and, with ``credential``, an Entra token as each new connection's
+    password); SQLite in WAL mode, 30 s busy timeout, transactions begun explicitly."""
     if url.get_backend_name() == "postgresql":
-        return sa.create_engine(url, pool_pre_ping=True)
+        engine = sa.create_engine(url, pool_pre_ping=True)
+        if credential is not None:
+
+            @sa.event.listens_for(engine, "do_connect")
+            def _with_token(_dialect: Any, _record: Any, _args: Any, params: dict[str, Any]) -> None:
+                params["password"] = credential.get_token(ENTRA_POSTGRES_SCOPE).token  # cached until near expiry
+
+        return engine
     if url.database and url.database != ":memory:" and not url.database.startswith("file:"):
         Path(url.database).parent.mkdir(parents=True, exist_ok=True)
     engine = sa.create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
