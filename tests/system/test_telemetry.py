@@ -7,12 +7,17 @@ status`` says; with nothing configured no exporter, nor the SDK, is even importe
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import subprocess
 import sys
+import threading
 from collections import Counter
+from contextlib import ExitStack
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 import pytest
 from opentelemetry import trace
@@ -24,6 +29,7 @@ from shared.messaging.storage import Storage
 from shared.rules.sample import generate
 from shared.settings import Settings
 from support.exact import billing
+from support.netns import NamespaceRefused, loopback_only
 from support.otlp import OtlpReceiver
 from support.roles import Roles
 
@@ -149,3 +155,78 @@ async def test_envelopes_carry_the_trace_context_and_older_ones_still_decode(
     older = json.loads(text)
     del older["trace"]
     assert (await claim_check.unpack(json.dumps(older))).trace == {}
+
+
+#: Exports one span and the settled-batch counters, then prints the span's trace id.
+AZURE_CLIENT = """
+from opentelemetry import trace
+from shared import telemetry
+with telemetry.running("client") as on:
+    assert on
+    with telemetry.TRACER.start_as_current_span("billing submit", attributes={telemetry.BATCH_ID: "azure"}) as span:
+        telemetry.BatchCounters().settled({"state": "complete", **{field: 7 for field in telemetry.BATCH_FIELDS}})
+    print(format(span.get_span_context().trace_id, "032x"))
+"""
+
+
+def test_azure_monitor_receives_the_trace_and_counters_when_a_connection_string_is_set() -> None:
+    """Application Insights' ingestion endpoint is stood in for at the wire by a loopback server that
+    answers ``POST /v2.1/track`` as the service does; Microsoft's exporter, imported because the
+    connection string names it, sends there. The exporting process runs in a network namespace with
+    only loopback, so its other calls (control plane, statsbeat: switched off by their variables as
+    well) cannot leave the machine whatever they try."""
+    pytest.importorskip("azure.monitor.opentelemetry.exporter", reason="the [azure-monitor] extra")
+    received: list[dict[str, Any]] = []
+
+    class Ingestion(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            if self.headers.get("Content-Encoding") == "gzip":
+                body = gzip.decompress(body)
+            items = json.loads(body)
+            received.extend(items)
+            answer = json.dumps({"itemsReceived": len(items), "itemsAccepted": len(items), "errors": []}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(answer)))
+            self.end_headers()
+            self.wfile.write(answer)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    with ExitStack() as stack:
+        try:
+            stack.enter_context(loopback_only())
+        except NamespaceRefused as exc:
+            if os.environ.get("CI"):
+                pytest.fail(f"{exc} (needed to keep the exporter on loopback)")
+            pytest.skip(str(exc))
+        server = ThreadingHTTPServer(("127.0.0.1", 0), Ingestion)
+        stack.callback(server.server_close)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        stack.callback(server.shutdown)
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "APPLICATIONINSIGHTS_"))}
+        env |= {
+            "APPLICATIONINSIGHTS_CONNECTION_STRING": "InstrumentationKey=00000000-0000-0000-0000-000000000001;"
+            f"IngestionEndpoint=http://127.0.0.1:{server.server_port}/",
+            "APPLICATIONINSIGHTS_STATSBEAT_DISABLED_ALL": "true",
+            "APPLICATIONINSIGHTS_SDKSTATS_DISABLED": "true",
+            "APPLICATIONINSIGHTS_CONTROLPLANE_DISABLED": "true",
+        }
+        done = subprocess.run(
+            [sys.executable, "-c", AZURE_CLIENT], env=env, capture_output=True, text=True, timeout=120
+        )
+    assert done.returncode == 0, done.stderr
+    trace_id = done.stdout.split()[-1]
+    (span,) = [item for item in received if item["data"]["baseData"].get("name") == "billing submit"]
+    assert span["tags"]["ai.operation.id"] == trace_id
+    assert span["tags"]["ai.cloud.role"] == "billing.client"
+    assert span["data"]["baseData"]["properties"][telemetry.BATCH_ID] == "azure"
+    metrics = {
+        metric["name"]: metric["value"]
+        for item in received
+        if item["data"]["baseType"] == "MetricData"
+        for metric in item["data"]["baseData"]["metrics"]
+    }
+    assert metrics["billing.batches"] == 1 and metrics["billing.batch.requests"] == 7
