@@ -18,14 +18,14 @@ from matplotlib.figure import Figure
 mpl.rcParams.update({"svg.fonttype": "none", "text.parse_math": False, "svg.hashsalt": "billing"})
 
 WIDTH, HEIGHT = 7.0, 3.2  # inches; the page scales the SVG to its width
-_LIMIT = 20  # most bars or series in one chart
+LIMIT = 20  # most bars or series in one chart
 #: Axis labels with thousands separators, never an offset or scientific notation.
 _TICKS = ticker.FuncFormatter(lambda x, _: f"{x:,.0f}" if abs(x) >= 1000 else f"{x:,.6g}")
 
 
 def bars(labels: Sequence[str], values: Sequence[float], *, title: str, unit: str) -> str:
     """Horizontal bars, largest first (at most 20)."""
-    pairs = sorted(zip(labels, values, strict=True), key=lambda p: -p[1])[:_LIMIT][::-1]
+    pairs = sorted(zip(labels, values, strict=True), key=lambda p: -p[1])[:LIMIT][::-1]
     figure = Figure(figsize=(WIDTH, max(1.6, 0.32 * len(pairs) + 0.9)))
     axes = figure.add_subplot()
     axes.barh([label for label, _ in pairs], [value for _, value in pairs], color="#3b6ea5")
@@ -36,7 +36,7 @@ def bars(labels: Sequence[str], values: Sequence[float], *, title: str, unit: st
 
 def lines(series: Mapping[str, Mapping[date | datetime, float]], *, title: str, unit: str) -> str:
     """One line per series over time (the 20 largest series), with markers."""
-    kept = sorted(series.items(), key=lambda item: -sum(item[1].values()))[:_LIMIT]
+    kept = sorted(series.items(), key=lambda item: -sum(item[1].values()))[:LIMIT]
     figure = Figure(figsize=(WIDTH, HEIGHT))
     axes = figure.add_subplot()
     for name, points in kept:

@@ -28,6 +28,7 @@ from .api import ID_PATTERN, SettingsDep, StoreDep, batch_detail, batch_json, qu
 router = APIRouter(include_in_schema=False)
 
 CSRF_COOKIE = "billing_csrf"
+INVOICE_PAGE = 500  # invoice rows per page
 #: Marks between which a batch's phases run, in the order they happen.
 PHASES = (
     ("uploaded_at", "uploaded"),
@@ -96,16 +97,19 @@ def invoices_page(
     store: StoreDep,
     period: Annotated[str | None, Query(pattern=f"^({queries.PERIOD_PATTERN[1:-1]})?$")] = None,
     batch: Annotated[str | None, Query(pattern=ID_PATTERN)] = None,
+    offset: Annotated[int, Query(ge=0, le=10**9)] = 0,
 ) -> HTMLResponse:
-    """Invoices of a billing period over every complete batch (this month by default), or of one batch."""
+    """Invoices of a billing period over every complete batch (this month by default), or of one batch; a page of
+    :data:`INVOICE_PAGE` rows at a time, the chart over the top accounts of all of them."""
     if batch:
         selection, subject = Filters(batches=(batch,), period=period or None), f"batch {batch}"
     else:
         period = period or date.today().strftime("%Y-%m")
         selection, subject = Filters(period=period), period
-    result = queries.invoices(store, selection)
+    result = queries.invoices(store, selection, limit=INVOICE_PAGE, offset=offset)
     rows = [row_json(row) for row in result.rows]
-    drawn = render.net_by_chart(rows, "account_id", title=f"Net by account, {subject}")
+    leaders = queries.top(store, "account_id", selection, limit=charts.LIMIT).rows
+    drawn = render.net_by_chart(leaders, "account_id", title=f"Net by account (top {charts.LIMIT}), {subject}")
     query = urlencode({k: v for k, v in (("period", period), ("batch", batch)) if v})
     return _html(
         "invoices.html",
@@ -116,6 +120,9 @@ def invoices_page(
         result=result,
         rows=rows,
         charts=drawn,
+        offset=offset,
+        previous_offset=max(offset - INVOICE_PAGE, 0) if offset else None,
+        next_offset=offset + INVOICE_PAGE if len(rows) == INVOICE_PAGE else None,
     )
 
 

@@ -1,7 +1,7 @@
 """The console as a person uses it, in Debian's headless chromium (Playwright, the system browser): Azurite, the
 roles as processes and ``billing serve`` as a process; batches submitted with ``billing submit``.
 
-Screenshots of the main pages at 1280×800 and 390×844 are kept under ``$BILLING_TEST_ARTIFACTS/console`` (the
+Screenshots of the main pages at 1280×800 and 390×844 are kept under ``$TEST_ARTIFACTS/console`` (the
 test's temporary folder when unset).
 """
 
@@ -39,7 +39,7 @@ def browser() -> Iterator[Browser]:
 
 @pytest.fixture
 def artifacts(tmp_path: Path) -> Path:
-    folder = Path(os.environ.get("BILLING_TEST_ARTIFACTS", tmp_path)) / "console"
+    folder = Path(os.environ.get("TEST_ARTIFACTS", tmp_path)) / "console"
     folder.mkdir(parents=True, exist_ok=True)
     return folder
 
@@ -63,13 +63,17 @@ def _expected_invoices(path: Path) -> dict[tuple[str, str, str], int]:
 
 
 def _page_invoices(page: Page) -> dict[tuple[str, str, str], int]:
-    rows = page.locator("#invoices tbody tr")
+    """The invoices the open invoices page shows, following its "Next" links through every page."""
     found = {}
-    for n in range(rows.count()):
-        row = rows.nth(n)
-        key = (row.get_attribute("data-account"), row.get_attribute("data-period"), row.get_attribute("data-currency"))
-        found[key] = int(row.locator("td[data-minor]").get_attribute("data-minor") or "")
-    return found  # type: ignore[return-value]
+    while True:
+        for cells in page.locator("#invoices tbody tr").evaluate_all(
+            "rows => rows.map(r => [r.dataset.account, r.dataset.period, r.dataset.currency,"
+            " r.querySelector('td[data-minor]').dataset.minor])"
+        ):
+            found[(cells[0], cells[1], cells[2])] = int(cells[3])
+        if not page.locator("#next").count():
+            return found
+        page.click("#next")
 
 
 def _fits(page: Page) -> bool:
