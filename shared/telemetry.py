@@ -60,15 +60,16 @@ _enabled = False
 
 def configured() -> tuple[bool, bool, bool]:
     """Which exporters the environment asks for: (OTLP traces, OTLP metrics, Azure Monitor)."""
-    env = os.environ
-    if env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+    if os.environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
         return False, False, False
-    otlp = bool(env.get("OTEL_EXPORTER_OTLP_ENDPOINT"))
-    traces = (otlp or bool(env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"))) and env.get("OTEL_TRACES_EXPORTER") != "none"
-    measures = (otlp or bool(env.get("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT"))) and env.get(
-        "OTEL_METRICS_EXPORTER"
-    ) != "none"
-    return traces, measures, bool(env.get("APPLICATIONINSIGHTS_CONNECTION_STRING"))
+    return _otlp("TRACES"), _otlp("METRICS"), bool(os.environ.get("APPLICATIONINSIGHTS_CONNECTION_STRING"))
+
+
+def _otlp(signal: str) -> bool:
+    """Whether an OTLP endpoint is named for ``signal`` (``TRACES``, ``METRICS``) and not refused."""
+    env = os.environ
+    endpoint = env.get("OTEL_EXPORTER_OTLP_ENDPOINT") or env.get(f"OTEL_EXPORTER_OTLP_{signal}_ENDPOINT")
+    return bool(endpoint) and env.get(f"OTEL_{signal}_EXPORTER") != "none"
 
 
 def enabled() -> bool:
