@@ -89,10 +89,6 @@ class Result:
     batches: list[BatchRef]
     excluded: list[BatchRef] = field(default_factory=list)
 
-    @property
-    def columns(self) -> list[str]:
-        return [*self.key, *MEASURES, "batches"]
-
 
 def totals(
     source: Store | sa.Engine,
