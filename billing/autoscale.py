@@ -210,7 +210,8 @@ class Autoscaler:
                         self._reap(scaled)
                         if now >= scaled.next_poll:
                             scaled.next_poll = now + scaled.rule.polling_interval
-                            self._scale(scaled, await self._depths(storage, scaled.rule), now)
+                            depths = await self._depths(storage, scaled.rule)
+                            self._scale(scaled, depths, time.monotonic())
                     wake = min(s.next_poll for s in self._scaled) if self._scaled else now + 1
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(self._stop.wait(), timeout=max(0.05, wake - time.monotonic()))
@@ -258,7 +259,7 @@ class Autoscaler:
             log.info("%s: %d -> %d replicas (depths %s)", rule.name, current, desired, depths)
         self._record(
             {
-                "time": time.time(),
+                "time": now,  # monotonic seconds: what the cooldown and windows are measured in
                 "scaled_object": rule.name,
                 "role": rule.role,
                 "depths": depths,
