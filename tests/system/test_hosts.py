@@ -1,7 +1,7 @@
 """Roles on separate hosts: each role, the client and the services (Azurite and the Service Bus test
 broker) in a network namespace of its own, with its own address on one virtual bridge
 (``support/hosts.py``; needs root: skipped elsewhere, failed under CI). Two processors on two hosts
-share one batch, which comes out exact.
+share one batch, which comes out exact (with Service Bus, one trigger wakes both: both take part).
 
 With the Service Bus backend, idle roles sleep for minutes between polls, so the batch completes in
 time only because the triggers cross the hosts. The local bus's loopback datagrams cannot cross
@@ -108,6 +108,14 @@ def roles_on(network: dict[str, Host], env: Mapping[str, str], root: Path) -> It
                 process.wait()
 
 
+def log_tails(root: Path, lines: int = 15) -> str:
+    """The last lines of every role's log, for a failure's message."""
+    return "".join(
+        f"\n--- {name}.log\n" + "\n".join((root / f"{name}.log").read_text(errors="replace").splitlines()[-lines:])
+        for name in ROLE_HOSTS
+    )
+
+
 def listeners(home: Path) -> list[dict[str, Any]] | None:
     """The listeners of the one role whose home this is, from its state file (None before it is up)."""
     found = list((home / "state").glob("*.json")) if (home / "state").exists() else []
@@ -168,13 +176,14 @@ def test_roles_on_separate_hosts(
         done = subprocess.run(
             client.command([*submit, "--timeout", "300"]), env=client_env, capture_output=True, text=True, check=False
         )
-        assert done.returncode == 0, done.stdout + done.stderr
+        assert done.returncode == 0, done.stdout + done.stderr + log_tails(tmp_path)
 
         status = json.loads(billing("status", "hosts", "--json").stdout)
         queues = Settings(queue_prefix=env["BILLING_QUEUE_PREFIX"]).input_queues
         by_processor = [processed_by(client, network[name], queues) for name in ("processor-a", "processor-b")]
-        assert all(count > 0 for count in by_processor), f"both processors took work items: {by_processor}"
         assert sum(by_processor) == status["work_items"]
+        if backend == "servicebus":  # one trigger wakes both at once (safety polls come one at a time)
+            assert all(count > 0 for count in by_processor), f"both processors took work items: {by_processor}"
     aggregates, invoices, rejects = expected(read_raw(path))
     assert status["state"] == "complete" and status["accepted"] == sum(a["transactions"] for a in aggregates)
     got = [{**record, "quantity": Decimal(record["quantity"])} for record in report("aggregates", "hosts")]
