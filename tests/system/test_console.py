@@ -29,6 +29,7 @@ from support.roles import Roles
 TOKEN = "console-test-token"
 HOSTILE_ACCOUNTS = ("<script>document.title='pwned'</script>", "\"'><img src=x onerror=\"document.title='pwned'\">")
 SECONDS = 1000  # Playwright waits in milliseconds
+expect.set_options(timeout=30 * SECONDS)  # a loaded 2-core machine: pages may take a while, never forever
 
 
 @pytest.fixture
@@ -88,6 +89,7 @@ def test_a_batch_watched_to_complete_its_invoices_downloads_and_escaping(
     _hostile_batch(path, 3_000, seed=5)
     with roles.running(settings_env), console_server(_server_env(settings_env), tmp_path / "serve.log") as url:
         page = browser.new_page(viewport=DESKTOP, accept_downloads=True)
+        page.set_default_timeout(60 * SECONDS)
         dialogs: list[str] = []
         page.on("dialog", lambda dialog: (dialogs.append(dialog.message), dialog.dismiss()))
         page.goto(f"{url}/batches")
@@ -179,6 +181,7 @@ def test_a_poisoned_work_item_replayed_from_the_console_with_the_token(
 
     with console_server(_server_env(settings), tmp_path / "serve.log") as url:
         page = browser.new_page(viewport=DESKTOP)
+        page.set_default_timeout(60 * SECONDS)
         page.goto(f"{url}/batches/web-poison")
         expect(page.locator("dd.state-failed")).to_have_text("failed")
         page.goto(f"{url}/poison")
@@ -186,7 +189,7 @@ def test_a_poisoned_work_item_replayed_from_the_console_with_the_token(
         expect(entry).to_have_count(1)
         entry.locator("input[name=token]").fill("not-the-token")
         entry.locator("button").click()
-        assert "wrong console token" in page.content()
+        expect(page.locator("body")).to_contain_text("wrong console token", timeout=60 * SECONDS)
         page.goto(f"{url}/poison")
         expect(page.locator("form[action='/poison/replay']")).to_have_count(1)  # still there
 
@@ -194,7 +197,7 @@ def test_a_poisoned_work_item_replayed_from_the_console_with_the_token(
         form = page.locator("form[action='/poison/replay']")
         form.locator("input[name=token]").fill(TOKEN)
         form.locator("button").click()
-        expect(page.locator("#done")).to_have_text("replayed 1 message(s).")
+        expect(page.locator("#done")).to_have_text("replayed 1 message(s).", timeout=60 * SECONDS)
         expect(page.locator("#none")).to_be_visible()
 
         roles.burst("processor")
