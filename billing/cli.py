@@ -211,7 +211,7 @@ def report(
 ) -> None:
     """Print or write a report: of one batch (--batch ID), or summed over every complete batch (or the
     batches named) under the filters. net, tax and total are exact integers in minor units (cents for USD)
-    in csv, json and parquet; html (one self-contained file, with charts) shows currency units."""
+    in table, csv, json and parquet; html (one self-contained file, with charts) shows currency units."""
     from controller import reports  # pandas and the report writers: only for the commands that report
     from controller.queries import Filters
 
