@@ -13,7 +13,7 @@ from types import TracebackType
 from typing import Any
 from urllib.parse import urlsplit
 
-from azure.core.exceptions import ResourceExistsError
+from azure.core.exceptions import ClientAuthenticationError, HttpResponseError, ResourceExistsError
 from azure.core.pipeline import PipelineRequest
 from azure.core.pipeline.policies import SansIOHTTPPolicy
 from azure.storage.blob.aio import BlobServiceClient, ContainerClient, ExponentialRetry
@@ -190,7 +190,9 @@ class Storage:
         return client
 
     async def ensure(self, *, queues: Iterable[str] = (), containers: Iterable[str] = ()) -> None:
-        """Create queues and containers that do not exist yet (all at once; the first failure is raised)."""
+        """Create queues and containers that do not exist yet (all at once; the first failure is raised).
+        Credentials the account refuses (a role's or ``billing submit``'s first requests) raise
+        :class:`ConfigurationError`, on one line."""
 
         async def create(make: Callable[[], Awaitable[object]]) -> None:
             with contextlib.suppress(ResourceExistsError):
@@ -200,6 +202,11 @@ class Storage:
         makers += [self.container(name).create_container for name in containers]
         outcomes = await asyncio.gather(*map(create, makers), return_exceptions=True)
         for outcome in outcomes:
+            if isinstance(outcome, HttpResponseError) and (
+                isinstance(outcome, ClientAuthenticationError) or outcome.status_code == 403
+            ):
+                why = _refusal(outcome)
+                raise ConfigurationError(f"storage refused the credentials (BILLING_STORAGE_*): {why}") from outcome
             if isinstance(outcome, BaseException):
                 raise outcome
 
@@ -256,6 +263,15 @@ class Storage:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         await self.close()
+
+
+def _refusal(exc: HttpResponseError) -> str:
+    """Why a request was refused, on one line: the service's error code and detail (``AuthenticationFailed:
+    Invalid token audience.``), else the credential's own message (a token it could not get)."""
+    code = getattr(exc, "error_code", None)  # set by the storage SDK: a StorageErrorCode (str) or None
+    details = getattr(exc, "additional_info", None) or {}
+    words = ": ".join([str(getattr(code, "value", code)), *map(str, details.values())]) if code else str(exc.message)
+    return " ".join(words.split())
 
 
 def _service_urls(account_url: str) -> tuple[str, str]:
