@@ -117,7 +117,7 @@ async def submit(
         await storage.ensure_all()
         root = {telemetry.BATCH_ID: batch_id, "billing.source": path.name}
         # The batch's first requests (its request message carries them) and the root span of its trace.
-        with tallying(Tally()), telemetry.TRACER.start_as_current_span("billing submit", attributes=root):
+        with tallying(Tally()), telemetry.span("billing submit", attributes=root):
             references = ReferenceStore(storage, container=settings.reference_container)
             request = BatchRequest(
                 batch_id=batch_id,

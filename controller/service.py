@@ -7,7 +7,7 @@ import contextlib
 import functools
 import logging
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -128,7 +128,7 @@ class Controller(Service):
                     requests[thing.batch_id] += count
                     spans.append(span := thing.start_span(count))
                     last[thing.batch_id] = span
-            with _ending(spans):
+            with telemetry.ending(spans):
                 apply = functools.partial(self.store.apply, manifests, results, notices, requests=requests)
                 outcome = await self._in_sql_thread(apply)
             for batch_id in outcome.completed_batches:
@@ -149,9 +149,8 @@ class Controller(Service):
     async def _settling(self, batch_id: str, cause: Span | None, name: str) -> AsyncIterator[Span]:
         """A span for a batch that just settled, the child of what settled it; with telemetry on,
         the batch's figures (as ``billing status`` shows them) on it and added to the counters."""
-        with telemetry.TRACER.start_as_current_span(
-            name, None if cause is None else trace.set_span_in_context(cause), attributes={telemetry.BATCH_ID: batch_id}
-        ) as span:
+        context = None if cause is None else trace.set_span_in_context(cause)
+        with telemetry.span(name, context, attributes={telemetry.BATCH_ID: batch_id}) as span:
             if telemetry.enabled():
                 status = await self._in_sql_thread(functools.partial(self.store.batch, batch_id))
                 if status is not None:
@@ -202,21 +201,6 @@ class _Carried:
             attributes |= {telemetry.WORK_ITEM_ID: self.work_item_id, telemetry.ROWS: self.transactions}
         context = telemetry.context_of(self.trace)
         return telemetry.TRACER.start_span(self.span, context, SpanKind.CONSUMER, attributes)
-
-
-@contextlib.contextmanager
-def _ending(spans: Iterable[Span]) -> Iterator[None]:
-    """End ``spans`` after the block, marked failed if it raised."""
-    try:
-        yield
-    except BaseException as exc:
-        for span in spans:
-            span.record_exception(exc)
-            span.set_status(StatusCode.ERROR, type(exc).__name__)
-        raise
-    finally:
-        for span in spans:
-            span.end()
 
 
 def _requests_carried(charged: list[tuple[int, list[_Carried]]], *, own: int) -> list[list[int]]:

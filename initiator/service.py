@@ -94,7 +94,7 @@ class Initiator(Service):
             try:
                 envelope = await self.claim_check.unpack(message.content)
                 request = parse_request(envelope)
-                with telemetry.TRACER.start_as_current_span(
+                with telemetry.span(
                     "debatch",
                     telemetry.context_of(envelope.trace),  # a child of `billing submit`
                     SpanKind.CONSUMER,
@@ -208,9 +208,7 @@ class Initiator(Service):
             telemetry.ROWS: header.rows,
         }
         try:
-            with telemetry.TRACER.start_as_current_span(
-                "send work item", kind=SpanKind.PRODUCER, attributes=attributes
-            ):
+            with telemetry.span("send work item", kind=SpanKind.PRODUCER, attributes=attributes):
                 await self.claim_check.send(
                     queue,
                     work_envelope(header, encoded),

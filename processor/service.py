@@ -77,7 +77,7 @@ class Processor(Service):
             spans.append(_rating_span(header, envelope))
         if not items:
             return poisoned
-        try:
+        with telemetry.ending(spans):
             traces = [telemetry.carrier(span) for span in spans]
             loop = asyncio.get_running_loop()
             results, bad = await loop.run_in_executor(self._pool, rate_work_items, items, references, traces)
@@ -89,14 +89,6 @@ class Processor(Service):
                 blob_name = batch_blob(items[0][0].batch_id, "results", uuid.uuid4().hex)
                 await self.claim_check.send(self.settings.results_queue, results, blob_name=blob_name)
                 await self.announce({self.settings.results_queue: (1, sum(header.rows for header, _ in items))})
-        except BaseException as exc:
-            for span in spans:
-                span.record_exception(exc)
-                span.set_status(StatusCode.ERROR, type(exc).__name__)
-            raise
-        finally:
-            for span in spans:
-                span.end()
         # The results are enqueued: from here the inputs may be deleted.
         return poisoned
 

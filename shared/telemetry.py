@@ -32,6 +32,9 @@ from typing import Any
 from opentelemetry import metrics, propagate, trace
 from opentelemetry.context import Context
 from opentelemetry.metrics import CallbackOptions, Observation
+from opentelemetry.trace import SpanKind, StatusCode
+
+from .logs import redact
 
 TRACER = trace.get_tracer("billing")
 METER = metrics.get_meter("billing")
@@ -133,6 +136,44 @@ def _providers(service: str, *, traces: bool, measures: bool, azure: bool) -> tu
     for exporter in span_exporters:
         tracer_provider.add_span_processor(BatchSpanProcessor(exporter))
     return tracer_provider, MeterProvider(resource=resource, metric_readers=readers)
+
+
+@contextmanager
+def span(
+    name: str,
+    context: Context | None = None,
+    kind: SpanKind = SpanKind.INTERNAL,
+    attributes: Mapping[str, str | int] | None = None,
+) -> Iterator[trace.Span]:
+    """A span, current for the block; an error leaving the block marks it failed (:func:`failed`)."""
+    with TRACER.start_as_current_span(
+        name, context, kind, attributes, record_exception=False, set_status_on_exception=False
+    ) as current:
+        try:
+            yield current
+        except BaseException as error:
+            failed(current, error)
+            raise
+
+
+@contextmanager
+def ending(spans: Iterable[trace.Span]) -> Iterator[None]:
+    """End ``spans`` (started for work done together) after the block, failed if it raised."""
+    try:
+        yield
+    except BaseException as error:
+        for each in spans:
+            failed(each, error)
+        raise
+    finally:
+        for each in spans:
+            each.end()
+
+
+def failed(span: trace.Span, error: BaseException) -> None:
+    """Mark ``span`` failed by ``error``: its type and message, redacted as log lines are (no
+    traceback: spans leave the process)."""
+    span.set_status(StatusCode.ERROR, redact(f"{type(error).__name__}: {error}"))
 
 
 def carrier(span: trace.Span | None = None) -> dict[str, str]:

@@ -66,6 +66,14 @@ def peek_headers(text: str) -> tuple[str, dict[str, Any]] | None:
     return (kind, headers) if isinstance(kind, str) and isinstance(headers, dict) else None
 
 
+def peek_trace(text: str) -> dict[str, str]:
+    """A message's trace context (see :mod:`shared.telemetry`) without reading the rest; empty if none."""
+    try:
+        return _trace(json.loads(text).get("trace"))
+    except (ValueError, AttributeError):
+        return {}
+
+
 class ClaimCheck:
     """Packs envelopes into queue message text, overflowing large payloads to blob storage."""
 

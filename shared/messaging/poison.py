@@ -13,10 +13,12 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from azure.storage.queue import QueueMessage
+from opentelemetry.trace import StatusCode
 
+from .. import telemetry
 from ..errors import PoisonMessage
 from ..settings import poison_queue_name
-from .envelope import ClaimCheck, Envelope, peek_headers
+from .envelope import ClaimCheck, Envelope, peek_headers, peek_trace
 from .storage import Storage
 
 __all__ = ["OnPoisoned", "PoisonEntry", "PoisonQueue", "poison_queue_name"]
@@ -58,7 +60,14 @@ class PoisonQueue:
         self._on_poisoned = on_poisoned
 
     async def put(self, queue: str, message: QueueMessage, reason: str) -> None:
-        """Store ``message`` from ``queue`` in the poison queue and report it (the caller then deletes it)."""
+        """Store ``message`` from ``queue`` in the poison queue and report it (the caller then deletes it),
+        in a failed span of the message's trace (a poisoned work item shows in its batch's)."""
+        context = telemetry.context_of(peek_trace(str(message.content)))
+        with telemetry.span("poison message", context, attributes={"billing.poison.reason": reason}) as span:
+            span.set_status(StatusCode.ERROR, reason)
+            await self._put(queue, message, reason)
+
+    async def _put(self, queue: str, message: QueueMessage, reason: str) -> None:
         headers = {
             "reason": reason,
             "queue": queue,

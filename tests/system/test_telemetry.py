@@ -7,6 +7,7 @@ status`` says; with nothing configured no exporter, nor the SDK, is even importe
 
 from __future__ import annotations
 
+import asyncio
 import gzip
 import json
 import os
@@ -14,6 +15,7 @@ import subprocess
 import sys
 import threading
 from collections import Counter
+from collections.abc import Iterator
 from contextlib import ExitStack
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -21,16 +23,18 @@ from typing import Any
 
 import pytest
 from opentelemetry import trace
+from opentelemetry.proto.trace.v1.trace_pb2 import Status
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 
 from shared import telemetry
 from shared.messaging.envelope import ClaimCheck, Envelope
-from shared.messaging.storage import Storage
-from shared.rules.sample import generate
+from shared.messaging.storage import Storage, content_hash
+from shared.refstore import PRICEBOOK
+from shared.rules.sample import generate, sample_price_book_bytes
 from shared.settings import Settings
 from support.exact import billing
 from support.netns import NamespaceRefused, loopback_only
-from support.otlp import OtlpReceiver
+from support.otlp import OtlpReceiver, ReceivedSpan
 from support.roles import Roles
 
 ROWS = 6_000
@@ -39,35 +43,47 @@ ROWS = 6_000
 NEVER_MS = "600000"
 
 
-def test_a_batch_is_one_trace_across_the_roles_and_its_counts_match_status(
-    settings_env: Settings, roles: Roles, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+@pytest.fixture
+def receiver(settings_env: Settings, monkeypatch: pytest.MonkeyPatch) -> Iterator[OtlpReceiver]:
+    """An OTLP receiver every process of the test exports to; small work items on two partitions."""
     monkeypatch.setenv("BILLING_WORK_ITEM_SIZE", "500")
     monkeypatch.setenv("BILLING_PARTITIONS", "2")
     monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", NEVER_MS)
     monkeypatch.setenv("OTEL_METRIC_EXPORT_INTERVAL", NEVER_MS)
-    settings = Settings()
-    path = tmp_path / "batch.csv"
-    generate(ROWS, path, seed=29, reject_rate=0.02)
-    with OtlpReceiver().serving() as receiver:
-        monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.endpoint)
-        with roles.running(settings):
-            assert roles.wait_up()
-            billing("submit", str(path), "--batch-id", "traced", "--wait")
-            assert {span.service for span in receiver.spans} == {"client"}, "the client flushed as it exited"
-        assert roles.returncodes == [0, 0, 0]
-    status = json.loads(billing("status", "traced", "--json").stdout)
-    assert status["state"] == "complete" and status["work_items"] > 5
+    with OtlpReceiver().serving() as receiving:
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", receiving.endpoint)
+        yield receiving
 
-    # One trace: every span about the batch, from the client and all three roles, in one tree.
-    ours = [span for span in receiver.spans if span.attributes.get(telemetry.BATCH_ID) == "traced"]
-    (trace_id,) = {span.trace_id for span in ours}
+
+def batch_trace(receiver: OtlpReceiver, batch_id: str) -> list[ReceivedSpan]:
+    """The one trace of every span about ``batch_id``: spans from the client and all three roles,
+    one tree rooted at the client's ``billing submit``."""
+    (trace_id,) = {span.trace_id for span in receiver.spans if span.attributes.get(telemetry.BATCH_ID) == batch_id}
     spans = receiver.traces()[trace_id]
     assert {span.service for span in spans} == {"client", "initiator", "processor", "controller"}
     (root,) = [span for span in spans if not span.parent_span_id]
     assert (root.service, root.name) == ("client", "billing submit")
     ids = {span.span_id for span in spans}
     assert all(span.parent_span_id in ids for span in spans if span is not root), "a tree: no orphan"
+    return spans
+
+
+def test_a_batch_is_one_trace_across_the_roles_and_its_counts_match_status(
+    settings_env: Settings, roles: Roles, receiver: OtlpReceiver, tmp_path: Path
+) -> None:
+    settings = Settings()
+    path = tmp_path / "batch.csv"
+    generate(ROWS, path, seed=29, reject_rate=0.02)
+    with roles.running(settings):
+        assert roles.wait_up()
+        billing("submit", str(path), "--batch-id", "traced", "--wait")
+        assert {span.service for span in receiver.spans} == {"client"}, "the client flushed as it exited"
+    assert roles.returncodes == [0, 0, 0]
+    status = json.loads(billing("status", "traced", "--json").stdout)
+    assert status["state"] == "complete" and status["work_items"] > 5
+
+    spans = batch_trace(receiver, "traced")
+    trace_id = spans[0].trace_id
     names = Counter(span.name for span in spans)
     work_items = status["work_items"]
     assert names == {
@@ -114,6 +130,42 @@ def test_a_batch_is_one_trace_across_the_roles_and_its_counts_match_status(
     assert f"trace_id={trace_id}" in roles.logs()["controller-2.log"]
 
 
+def test_poisoned_work_items_and_their_failed_batch_show_in_its_trace_and_counters(
+    settings_env: Settings, roles: Roles, receiver: OtlpReceiver, tmp_path: Path
+) -> None:
+    """The price book a batch's work items name is gone when they are rated (the roles run one after
+    the other, ``--burst``): every work item is poisoned and the batch fails, all in its trace."""
+    settings = Settings()
+    path = tmp_path / "batch.csv"
+    generate(1_500, path, seed=31)
+    billing("submit", str(path), "--batch-id", "doomed")
+    roles.burst("initiator")
+    asyncio.run(_drop_sample_price_book(settings))
+    roles.burst("processor")
+    roles.burst("controller")
+    status = json.loads(billing("status", "doomed", "--json").stdout)
+    work_items = status["work_items"]
+    assert (status["state"], status["poisoned_items"]) == ("failed", work_items)
+
+    spans = batch_trace(receiver, "doomed")
+    names = Counter(span.name for span in spans)
+    assert names["poison message"] == names["apply poison notice"] == work_items
+    assert "rate work item" not in names
+    failed = [span for span in spans if span.status_code == Status.STATUS_CODE_ERROR]
+    assert Counter(span.name for span in failed) == {"poison message": work_items, "batch failed": 1}
+    reasons = [span.attributes["billing.poison.reason"] for span in failed if span.name == "poison message"]
+    assert all(reason.startswith("unknown_reference_data") for reason in reasons)
+    assert receiver.total("billing.batches", state="failed") == 1
+    assert receiver.total("billing.batch.poisoned_items") == work_items
+    assert sum(receiver.total("billing.messages.poisoned", queue=q) for q in settings.input_queues) == work_items
+
+
+async def _drop_sample_price_book(settings: Settings) -> None:
+    async with Storage(settings) as storage:
+        name = f"{PRICEBOOK}/{content_hash(sample_price_book_bytes())}.csv"
+        await storage.container(settings.reference_container).delete_blob(name)
+
+
 @pytest.mark.parametrize(
     "configured", [{}, {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9", "OTEL_SDK_DISABLED": "true"}]
 )
@@ -123,6 +175,7 @@ def test_off_unless_configured_nothing_beyond_the_api_is_imported(configured: di
     check = """
 import sys
 from opentelemetry import trace
+from opentelemetry.proto.trace.v1.trace_pb2 import Status
 import billing.cli, controller.service, initiator.service, processor.service
 from shared import telemetry
 with telemetry.running("initiator") as on:
@@ -160,6 +213,7 @@ async def test_envelopes_carry_the_trace_context_and_older_ones_still_decode(
 #: Exports one span and the settled-batch counters, then prints the span's trace id.
 AZURE_CLIENT = """
 from opentelemetry import trace
+from opentelemetry.proto.trace.v1.trace_pb2 import Status
 from shared import telemetry
 with telemetry.running("client") as on:
     assert on
