@@ -55,7 +55,6 @@ class OtlpReceiver:
         self.spans: list[ReceivedSpan] = []
         #: (service instance, metric name, sorted attributes) → latest value of that sum's point.
         self.sums: dict[tuple[str, str, tuple[tuple[str, Any], ...]], int | float] = {}
-        self.requests: dict[str, int] = {path: 0 for path in SIGNALS}
         self._lock = threading.Lock()
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self.endpoint = f"http://127.0.0.1:{self._server.server_port}"
@@ -89,13 +88,8 @@ class OtlpReceiver:
                 if name == metric and attributes.items() <= dict(labels).items()
             )
 
-    def metric_names(self) -> set[str]:
+    def _received(self, request: Any) -> None:
         with self._lock:
-            return {name for _, name, _ in self.sums}
-
-    def _received(self, path: str, request: Any) -> None:
-        with self._lock:
-            self.requests[path] += 1
             if isinstance(request, ExportTraceServiceRequest):
                 for resource_spans in request.resource_spans:
                     service = _attributes(resource_spans.resource)["service.name"]
@@ -127,7 +121,7 @@ class OtlpReceiver:
                 request_type, response_type = SIGNALS[self.path]
                 request = request_type()
                 request.ParseFromString(body)
-                receiver._received(self.path, request)
+                receiver._received(request)
                 answer = response_type().SerializeToString()
                 self.send_response(200)
                 self.send_header("Content-Type", "application/x-protobuf")
