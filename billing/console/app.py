@@ -4,7 +4,7 @@ console's pages, and their static script; served by uvicorn on 127.0.0.1 unless 
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 
 import sqlalchemy as sa
@@ -13,6 +13,7 @@ from azure.core.exceptions import AzureError
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 from fastapi.staticfiles import StaticFiles
+from starlette.middleware.trustedhost import TrustedHostMiddleware
 
 from controller.store import Store
 from shared.errors import BillingError
@@ -23,6 +24,7 @@ from . import api, pages
 
 log = logging.getLogger(__name__)
 
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 #: Scripts only from this server; styles inline (the pages' and the SVG charts'); nothing else from anywhere.
 SECURITY_HEADERS = {
     "Content-Security-Policy": (
@@ -34,8 +36,9 @@ SECURITY_HEADERS = {
 }
 
 
-def create_app(settings: Settings, store: Store | None = None) -> FastAPI:
-    """The API and the console over ``store`` (default: the configured one) and the storage of ``settings``."""
+def create_app(settings: Settings, store: Store | None = None, *, allowed_hosts: Sequence[str] = ("*",)) -> FastAPI:
+    """The API and the console over ``store`` (default: the configured one) and the storage of ``settings``,
+    answering only requests whose ``Host`` is one of ``allowed_hosts``."""
     opened = store or Store(settings.sql_url_value)
 
     @asynccontextmanager
@@ -58,6 +61,7 @@ def create_app(settings: Settings, store: Store | None = None) -> FastAPI:
     app.include_router(api.router)
     app.include_router(pages.router)
     app.mount("/static", StaticFiles(packages=[("billing.console", "static")]), name="static")
+    app.add_middleware(TrustedHostMiddleware, allowed_hosts=list(allowed_hosts))
 
     @app.middleware("http")
     async def security_headers(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
@@ -76,5 +80,7 @@ def create_app(settings: Settings, store: Store | None = None) -> FastAPI:
 
 
 def serve(settings: Settings, *, host: str, port: int) -> None:
-    """Serve the API and the console until interrupted."""
-    uvicorn.run(create_app(settings), host=host, port=port, log_level="info", server_header=False)
+    """Serve the API and the console until interrupted. Bound to loopback, it answers only requests naming a
+    loopback host, so that a web page elsewhere cannot read it through DNS rebinding."""
+    allowed = LOOPBACK_HOSTS if host in LOOPBACK_HOSTS else ("*",)
+    uvicorn.run(create_app(settings, allowed_hosts=allowed), host=host, port=port, server_header=False)

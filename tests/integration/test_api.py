@@ -18,7 +18,7 @@ from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, settings
 from schemathesis.checks import not_a_server_error
 
-from billing.console.app import create_app
+from billing.console.app import LOOPBACK_HOSTS, create_app
 from controller.store import Store
 from shared.settings import Settings
 from support.reports import BIG, HOSTILE, fill
@@ -145,3 +145,12 @@ def test_poison_actions_need_a_configured_token_and_the_csrf_value(
     done = client.post("/poison/purge", data={**form, "token": "right-token", "csrf": csrf}, follow_redirects=False)
     assert done.status_code == 303 and done.headers["location"] == "/poison?done=purged+0"
     assert client.get("/poison/purge").status_code == 405  # never by GET
+
+
+def test_a_loopback_server_answers_loopback_hosts_only(sql_url: str, settings_env: Settings) -> None:
+    """What ``billing serve`` builds on 127.0.0.1: a page elsewhere that rebinds its name to 127.0.0.1 is refused."""
+    with Store(sql_url) as store:
+        app = create_app(settings_env, store, allowed_hosts=LOOPBACK_HOSTS)
+        assert TestClient(app, base_url="http://127.0.0.1:8080").get("/api/batches").status_code == 200
+        assert TestClient(app, base_url="http://localhost:8080").get("/batches").status_code == 200
+        assert TestClient(app, base_url="http://attacker.example").get("/api/batches").status_code == 400
