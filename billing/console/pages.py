@@ -147,7 +147,7 @@ async def roles_page(settings: SettingsDep) -> HTMLResponse:
     roles = [
         {
             "role": s["role"],
-            "pid": s["pid"],
+            "pid": str(s["pid"]),  # an id, not a quantity
             "dequeue tasks": sum(listener["active_tasks"] for listener in s["listeners"]),
             "requests": s["requests"].get("total", 0),
             "peak RSS MiB": round(s.get("peak_rss_mib", 0.0)),
