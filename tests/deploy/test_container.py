@@ -84,6 +84,7 @@ def containers(
             subprocess.run(["podman", "rm", "--force", name], capture_output=True, check=False)
 
 
+@pytest.mark.timeout(1200)  # the first build of the session (its base too, on a fresh machine) comes first
 @pytest.mark.parametrize("sql_url", [pytest.param("postgresql", marks=pytest.mark.postgres)], indirect=True)
 def test_a_batch_through_the_roles_as_containers_is_exact(
     containers: dict[str, str], settings_env: Settings, tmp_path: Path
