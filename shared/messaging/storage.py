@@ -104,6 +104,17 @@ class _CountingPolicy(SansIOHTTPPolicy):  # type: ignore[type-arg]
         self._counter.add(request_kind(self._service, http.method, http.url), resource(http.url))
 
 
+class _Retry(ExponentialRetry):
+    """The SDK's exponential retry, except for a credential that gave no token: it has retried what
+    can pass (its token endpoint's 5xx, 429) itself, and the storage SDK would otherwise retry the
+    whole chain (instance metadata probe, developer tools) for every attempt."""
+
+    def increment(self, settings: dict[str, Any], request: Any, response: Any = None, error: Any = None) -> bool:
+        return not isinstance(error, ClientAuthenticationError) and bool(
+            super().increment(settings, request, response, error)
+        )
+
+
 class Storage:
     """The process's storage account: queue and blob clients, retries, request counting.
 
@@ -156,7 +167,7 @@ class Storage:
         s = self.settings
         return {
             "_additional_pipeline_policies": [self.counter.policy(service)],
-            "retry_policy": ExponentialRetry(
+            "retry_policy": _Retry(
                 initial_backoff=s.retry_backoff,  # type: ignore[arg-type]  # seconds; the SDK adds it to floats
                 increment_base=2,
                 retry_total=s.retry_total,
@@ -190,9 +201,10 @@ class Storage:
         return client
 
     async def ensure(self, *, queues: Iterable[str] = (), containers: Iterable[str] = ()) -> None:
-        """Create queues and containers that do not exist yet (all at once; the first failure is raised).
-        Credentials the account refuses (a role's or ``billing submit``'s first requests) raise
-        :class:`ConfigurationError`, on one line."""
+        """Create queues and containers that do not exist yet: the first alone, then the rest at once
+        (the first failure is raised). Credentials that cannot be used (a role's or ``billing submit``'s
+        first request) raise :class:`ConfigurationError`, on one line, after one token request and
+        one storage request."""
 
         async def create(make: Callable[[], Awaitable[object]]) -> None:
             with contextlib.suppress(ResourceExistsError):
@@ -200,15 +212,14 @@ class Storage:
 
         makers: list[Callable[[], Awaitable[object]]] = [self.queue(name).create_queue for name in queues]
         makers += [self.container(name).create_container for name in containers]
-        outcomes = await asyncio.gather(*map(create, makers), return_exceptions=True)
-        for outcome in outcomes:
-            if isinstance(outcome, HttpResponseError) and (
-                isinstance(outcome, ClientAuthenticationError) or outcome.status_code == 403
-            ):
-                why = _refusal(outcome)
-                raise ConfigurationError(f"storage refused the credentials (BILLING_STORAGE_*): {why}") from outcome
-            if isinstance(outcome, BaseException):
-                raise outcome
+        for group in (makers[:1], makers[1:]):
+            for outcome in await asyncio.gather(*map(create, group), return_exceptions=True):
+                if isinstance(outcome, HttpResponseError) and (
+                    isinstance(outcome, ClientAuthenticationError) or outcome.status_code == 403
+                ):
+                    raise _refused(outcome) from outcome
+                if isinstance(outcome, BaseException):
+                    raise outcome
 
     async def ensure_all(self) -> None:
         """Create every queue and container the pipeline uses (and the secondary's backlog queues)."""
@@ -265,13 +276,14 @@ class Storage:
         await self.close()
 
 
-def _refusal(exc: HttpResponseError) -> str:
-    """Why a request was refused, on one line: the service's error code and detail (``AuthenticationFailed:
-    Invalid token audience.``), else the credential's own message (a token it could not get)."""
+def _refused(exc: HttpResponseError) -> ConfigurationError:
+    """Credentials the account refused, or no token to present, on one line: the service's error code
+    and detail (``AuthenticationFailed: Invalid token audience.``), else the credential's own words."""
     code = getattr(exc, "error_code", None)  # set by the storage SDK: a StorageErrorCode (str) or None
     details = getattr(exc, "additional_info", None) or {}
     words = ": ".join([str(getattr(code, "value", code)), *map(str, details.values())]) if code else str(exc.message)
-    return " ".join(words.split())
+    why = " ".join(words.split())
+    return ConfigurationError(f"the storage account cannot be used with these credentials (BILLING_STORAGE_*): {why}")
 
 
 def _service_urls(account_url: str) -> tuple[str, str]:
