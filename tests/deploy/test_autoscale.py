@@ -1,9 +1,10 @@
 """``billing autoscale`` with the local overlay's ScaledObjects (rendered by ``kubectl kustomize``, their
-queues renamed to the test's prefix): from nothing running, a batch's requests start the initiator,
-its backlog of work items scales the processors 0 -> N as KEDA's rule says (N = the largest
-ceil(depth / queueLength), at most maxReplicaCount), and after the cooldown every role is back at 0.
-The batch is exact. Polling and cooldown are shortened with the command's flags; the numbers that
-decide how many processors run (queueLength, maxReplicaCount) are the manifests' own.
+queues renamed to the test's prefix). A batch debatched while nothing runs leaves a backlog of work
+items; the scaler's first look at it takes the processors 0 -> N as KEDA's rule says (N = the
+largest ceil(depth / queueLength), at most maxReplicaCount), a second batch's request starts the
+initiator 0 -> 1, results start the controller, and after the cooldown every role is back at 0.
+Both batches are exact. Polling and cooldown are shortened with the command's flags; the numbers
+that decide how many processes run (queueLength, maxReplicaCount) are the manifests' own.
 """
 
 from __future__ import annotations
@@ -24,12 +25,15 @@ from billing.autoscale import ScaleRule, scale_rules
 from shared.rules.sample import generate
 from shared.settings import Settings
 from support.exact import assert_batch_exact, billing
+from support.roles import Roles
 from support.tools import render
 from support.waiting import wait_until
 
-ROWS = 20_000
-WORK_ITEM_SIZE = 10  # 2,000 work items, 500 a queue: a backlog far past the local queueLength (50) at its peak
+ROWS = 10_000
+WORK_ITEM_SIZE = 10  # 1,000 work items, 250 a queue: 5 processors' worth at the local queueLength (50)
 POLLING, COOLDOWN = 0.5, 3.0
+
+pytestmark = pytest.mark.slow  # about 1.5 min: two batches of a thousand tiny work items, each role's cooldown
 
 
 def local_manifests(settings: Settings, path: Path) -> list[dict[str, Any]]:
@@ -49,7 +53,7 @@ def wanted(rule: ScaleRule, depths: dict[str, int]) -> int:
 
 
 def test_a_backlog_scales_processors_out_and_back_to_zero(
-    settings_env: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    settings_env: Settings, roles: Roles, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("BILLING_WORK_ITEM_SIZE", str(WORK_ITEM_SIZE))
     settings = Settings()
@@ -57,8 +61,11 @@ def test_a_backlog_scales_processors_out_and_back_to_zero(
     rules = {rule.role: rule for rule in scale_rules(local_manifests(settings, manifests))}
     processor = rules["processor"]
     assert processor.max_replicas > 1 and processor.min_replicas == 0
-    batch = tmp_path / "batch.csv"
-    generate(ROWS, batch, seed=21, reject_rate=0.02)
+    batches = {name: tmp_path / f"{name}.csv" for name in ("backlog", "later")}
+    for seed, path in enumerate(batches.values(), start=21):
+        generate(ROWS, path, seed=seed, reject_rate=0.02)
+    billing("submit", str(batches["backlog"]), "--batch-id", "backlog")
+    roles.burst("initiator", settings)  # its work items wait in the input queues; nothing rates them yet
 
     events_file = tmp_path / "events.jsonl"
     command = [sys.executable, "-m", "billing", "autoscale", "--manifests", str(manifests)]
@@ -75,23 +82,24 @@ def test_a_backlog_scales_processors_out_and_back_to_zero(
         scaler = subprocess.Popen(command, env=os.environ, stdout=log, stderr=log)
     try:
         assert wait_until(lambda: len(events()) >= 6, 60), "the scaler polls"
-        assert at_rest(), "nothing queued: nothing runs"
-        billing("submit", str(batch), "--batch-id", "scaled", "--wait", "--timeout", "300")
+        billing("submit", str(batches["later"]), "--batch-id", "later", "--wait", "--timeout", "300")
+        billing("submit", str(batches["backlog"]), "--batch-id", "backlog", "--wait", "--timeout", "300")
         started = len(events())
         assert wait_until(lambda: at_rest() and len(events()) > started + 6, 120), "back to zero after the cooldown"
     finally:
         scaler.send_signal(signal.SIGTERM)
         scaler.wait(timeout=120)
     assert scaler.returncode == 0
-    assert_batch_exact("scaled", batch)
+    for name, path in batches.items():
+        assert_batch_exact(name, path)
 
     decisions = [e for e in events() if e["role"] == "processor"]
+    first = next(e for e in decisions if e["active"])
+    assert wanted(processor, first["depths"]) == processor.max_replicas, "the backlog asks for every processor"
+    assert (first["replicas_before"], first["replicas"]) == (0, processor.max_replicas), "0 -> N in one step"
     for event in decisions:
         if event["active"]:  # up at once to the rule's number; down no faster than the HPA's window allows
             assert wanted(processor, event["depths"]) <= event["replicas"] <= processor.max_replicas, event
-    peak = max(decisions, key=lambda e: wanted(processor, e["depths"]) if e["active"] else 0)
-    assert wanted(processor, peak["depths"]) == processor.max_replicas, "the backlog asked for every processor"
-    assert peak["replicas"] == processor.max_replicas
     assert len({pid for e in decisions for pid in e["pids"]}) >= processor.max_replicas, "as many processes ran"
 
     for role in rules:
