@@ -127,7 +127,8 @@ def assert_isolated(setup: Keyless, pids: list[int]) -> None:
     assert socket.if_nameindex() == [(1, "lo")]
     assert unreachable("169.254.169.254"), "instance metadata must be unroutable, not merely silent"
     assert unreachable("20.60.0.1", 443), "a public address (an Azure storage front end) must be unroutable"
-    assert {namespace_of(pid) for pid in [*pids, setup.azurite.pid or 0]} == {setup.namespace}
+    assert setup.azurite.pid is not None
+    assert {namespace_of(pid) for pid in [*pids, setup.azurite.pid]} == {setup.namespace}
 
 
 def environment_of(pid: int) -> dict[str, str]:
