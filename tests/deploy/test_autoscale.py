@@ -21,7 +21,8 @@ from typing import Any
 import pytest
 import yaml
 
-from billing.autoscale import ScaleRule, scale_rules
+from billing.autoscale import QueueTrigger, ScaleRule, check_queues, scale_rules
+from shared.errors import ConfigurationError
 from shared.rules.sample import generate
 from shared.settings import Settings
 from support.exact import assert_batch_exact, billing
@@ -32,8 +33,6 @@ from support.waiting import wait_until
 ROWS = 10_000
 WORK_ITEM_SIZE = 10  # 1,000 work items, 250 a queue: 5 processors' worth at the local queueLength (50)
 POLLING, COOLDOWN = 0.5, 3.0
-
-pytestmark = pytest.mark.slow  # about 1.5 min: two batches of a thousand tiny work items, each role's cooldown
 
 
 def local_manifests(settings: Settings, path: Path) -> list[dict[str, Any]]:
@@ -52,6 +51,57 @@ def wanted(rule: ScaleRule, depths: dict[str, int]) -> int:
     return min(max(1, *(math.ceil(depths[t.queue] / t.queue_length) for t in rule.triggers)), rule.max_replicas)
 
 
+def deployment(name: str, role: str) -> dict[str, Any]:
+    return {
+        "kind": "Deployment",
+        "metadata": {"name": name},
+        "spec": {"template": {"spec": {"containers": [{"args": [role]}]}}},
+    }
+
+
+def scaled_object(target: str, *queues: str, **spec: Any) -> dict[str, Any]:
+    triggers = [{"type": "azure-queue", "metadata": {"queueName": queue}} for queue in queues]
+    return {
+        "kind": "ScaledObject",
+        "metadata": {"name": target},
+        "spec": {"scaleTargetRef": {"name": target}, "triggers": triggers, **spec},
+    }
+
+
+def test_keda_defaults_hold_where_a_scaled_object_is_silent() -> None:
+    (rule,) = scale_rules([deployment("p", "processor"), scaled_object("p", "billing-input-0")])
+    assert (rule.role, rule.polling_interval, rule.cooldown_period, rule.min_replicas, rule.max_replicas) == (
+        "processor",
+        30,
+        300,
+        0,
+        100,
+    )
+    assert rule.scale_down_window == 300  # the HPA's own default
+    assert rule.triggers == (QueueTrigger("billing-input-0", queue_length=5, activation=0, strategy="all"),)
+
+
+def test_the_rule_takes_the_deepest_queue_within_bounds() -> None:
+    docs = [deployment("p", "processor"), scaled_object("p", "q-0", "q-1", maxReplicaCount=8)]
+    docs[1]["spec"]["triggers"][1]["metadata"] |= {"queueLength": "50", "activationQueueLength": "10"}
+    (rule,) = scale_rules(docs)
+    assert not rule.active({"q-0": 0, "q-1": 10}) and rule.active({"q-0": 1, "q-1": 0})
+    assert rule.wanted({"q-0": 1, "q-1": 0}) == 1  # ceil(1 / 5)
+    assert rule.wanted({"q-0": 0, "q-1": 101}) == 3  # ceil(101 / 50)
+    assert rule.wanted({"q-0": 12, "q-1": 101}) == 3 and rule.wanted({"q-0": 16, "q-1": 0}) == 4
+    assert rule.wanted({"q-0": 10_000, "q-1": 0}) == 8  # maxReplicaCount
+
+
+def test_a_scaled_object_must_name_a_role_and_its_queues(settings_env: Settings) -> None:
+    with pytest.raises(ConfigurationError, match="no role's Deployment"):
+        scale_rules([deployment("web", "serve"), scaled_object("web", "billing-results")])
+    rules = scale_rules([deployment("c", "controller"), scaled_object("c", "billing-results")])
+    with pytest.raises(ConfigurationError, match="no queue of this configuration"):
+        check_queues(rules, settings_env)  # the test's settings have a queue prefix of their own
+    check_queues(rules, settings_env.model_copy(update={"queue_prefix": "billing"}))
+
+
+@pytest.mark.slow  # about 1.5 min: two batches of a thousand tiny work items, each role's cooldown
 def test_a_backlog_scales_processors_out_and_back_to_zero(
     settings_env: Settings, roles: Roles, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
