@@ -4,7 +4,8 @@ items; the scaler's first look at it takes the processors 0 -> N as KEDA's rule 
 largest ceil(depth / queueLength), at most maxReplicaCount), a second batch's request starts the
 initiator 0 -> 1, results start the controller, and after the cooldown every role is back at 0.
 Both batches are exact. Polling and cooldown are shortened with the command's flags; the numbers
-that decide how many processes run (queueLength, maxReplicaCount) are the manifests' own.
+that decide how many processes run (queueLength, maxReplicaCount) are the manifests' own. Beside it,
+the rule itself on small hand-written ScaledObjects.
 """
 
 from __future__ import annotations
