@@ -22,7 +22,10 @@ from support.waiting import wait_until_async
 
 
 async def answer(base: str, path: str) -> tuple[int, str]:
-    async with aiohttp.ClientSession() as session, session.get(base + path) as response:
+    async with (
+        aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session,
+        session.get(base + path) as response,
+    ):
         return response.status, await response.text()
 
 

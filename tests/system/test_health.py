@@ -56,7 +56,8 @@ def test_roles_serve_health_and_metrics_that_match_the_store(
             assert probe(base, "/healthz")[0] == 200
             assert probe(base, "/readyz") == (200, "ok\n")
 
-        submit = [sys.executable, "-m", "billing", "submit", str(path), "--batch-id", "probed", "--wait"]
+        submit = [sys.executable, "-m", "billing", "submit", str(path), "--batch-id", "probed"]
+        submit += ["--wait", "--timeout", "300"]  # a batch that never completes fails the test
         with subprocess.Popen(submit, env={**os.environ, **settings.as_env()}) as waiting:
             scrapes = 0
             while waiting.poll() is None:  # mid-batch: every endpoint answers, the metrics parse
@@ -64,7 +65,7 @@ def test_roles_serve_health_and_metrics_that_match_the_store(
                     assert probe(base, "/healthz")[0] == 200
                     scrape(base)
                     scrapes += 1
-            assert waiting.returncode == 0
+            assert waiting.returncode == 0, roles.logs()
         assert scrapes >= 3
 
         status = json.loads(billing("status", "probed", "--json").stdout)
