@@ -28,6 +28,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from ..errors import ConfigurationError
+from ..logs import redact
 from ..settings import Settings
 from .service import Service
 from .storage import Storage
@@ -84,7 +85,7 @@ class Health:
 def _reason(error: BaseException) -> str:
     if isinstance(error, TimeoutError):
         return f"no answer within {READY_TIMEOUT:.0f} s"
-    return (str(error).splitlines() or [type(error).__name__])[0][:200]
+    return redact((str(error).splitlines() or [type(error).__name__])[0])[:200]  # no secret leaves
 
 
 class _RoleCollector(Collector):
