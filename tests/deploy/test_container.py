@@ -1,8 +1,8 @@
 """The image, built and run for real with Podman: a 100,000-row batch through the three roles as
 containers (``--network host``, reaching the session's Azurite and a PostgreSQL database on
 127.0.0.1; a SQLite file would have to be shared between the host's user and the image's), exact to
-the minor unit; each role passes the image's health check, runs as the image's non-root user and
-exits 0 on ``podman stop`` (SIGTERM).
+the minor unit; each role, on a read-only root file system as the manifests run it, passes the
+image's health check, runs as the image's non-root user and exits 0 on ``podman stop`` (SIGTERM).
 
 The image is built once per session by deploy/build-image.sh (its debootstrap base is made once and
 kept in Podman's storage). Podman missing: skipped here, failed under CI, where .ci/run installs it.
@@ -27,6 +27,7 @@ from support.tools import ROOT, require
 ROWS = 100_000
 ROLES = ("initiator", "processor", "controller")
 IMAGE_USER = "10001"
+IMAGE_HOME = "/var/lib/billing"
 
 pytestmark = pytest.mark.slow
 
@@ -75,6 +76,9 @@ def containers(
         for role, name in names.items():
             role_env = {**env, "BILLING_HEALTH_PORT": str(free_port())}
             options = [f"--env={k}={v}" for k, v in role_env.items()]
+            # As the manifests run it: a read-only root; BILLING_HOME an empty directory of the image's
+            # user (an emptyDir there), /tmp writable (podman adds it).
+            options += ["--read-only", f"--tmpfs={IMAGE_HOME}:rw,U"]
             podman("run", "--detach", "--name", name, "--network", "host", *options, image, role)
         yield names
     finally:
