@@ -481,6 +481,11 @@ var commonEnv = [
     value: identity.properties.clientId
   }
   {
+    // The credential chain is the platform's managed identity only: no probe of other credentials.
+    name: 'AZURE_TOKEN_CREDENTIALS'
+    value: 'ManagedIdentityCredential'
+  }
+  {
     name: 'BILLING_STORAGE_ACCOUNT_URL'
     value: storage.properties.primaryEndpoints.queue
   }

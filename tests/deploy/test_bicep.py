@@ -48,7 +48,12 @@ SERVICE_BUS_DATA_SENDER = "69a216fc-b8fb-44d8-bc22-1f3c2cd27a39"
 SERVICE_BUS_DATA_RECEIVER = "4f6d3b9b-027b-4f4c-9142-0e5a2a2247e0"
 ROLES = ("initiator", "processor", "controller")
 # Variables the apps get beside BILLING_* settings: standard names read by azure-identity and OpenTelemetry.
-STANDARD_ENV = {"AZURE_CLIENT_ID", "APPLICATIONINSIGHTS_CONNECTION_STRING", "OTEL_SERVICE_NAME"}
+STANDARD_ENV = {
+    "AZURE_CLIENT_ID",
+    "AZURE_TOKEN_CREDENTIALS",
+    "APPLICATIONINSIGHTS_CONNECTION_STRING",
+    "OTEL_SERVICE_NAME",
+}
 REQUIRED = {"image": "example.azurecr.io/billing:1.0"}
 SIZES = [{"queuePrefix": "billing", "partitions": 4}, {"queuePrefix": "acme-pay", "partitions": 7}]
 
@@ -268,6 +273,7 @@ def test_app_settings_are_real_settings_naming_what_the_template_creates(size: d
         assert {name for name in env if name.startswith("BILLING_")} <= fields, role
         assert {name for name in env if not name.startswith("BILLING_")} <= STANDARD_ENV, role
         assert env["AZURE_CLIENT_ID"] == Ref("identity.properties.clientId")
+        assert env["AZURE_TOKEN_CREDENTIALS"] == "ManagedIdentityCredential"  # the chain tries nothing else
         assert env["BILLING_STORAGE_ACCOUNT_URL"] == Ref("storage.properties.primaryEndpoints.queue")
         assert not {name for name in env if "CONNECTION_STRING" in name and name.startswith("BILLING_")}
         # The literal settings, read as a role reads them, name what the template created.
