@@ -24,6 +24,7 @@ from typing import Any
 import jsonschema
 import kubernetes_validate
 import pytest
+import sqlalchemy as sa
 import yaml
 
 from billing.autoscale import scale_rules
@@ -215,15 +216,19 @@ def test_pods_outlast_the_shutdown_deadline_and_probe_the_health_port(
     assert grace and all(int(value.rstrip("s")) > settings.shutdown_deadline + 10 for value in grace.values())
 
 
-def test_the_azure_overlay_holds_no_storage_secret() -> None:
-    """Workload identity: KEDA and the roles reach storage with no key; only the SQL URL stays a Secret."""
+def test_the_azure_overlay_holds_no_secret(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Workload identity: KEDA and the roles reach storage, and PostgreSQL by Entra login, with no key,
+    password or Secret."""
     docs = rendered("azure")
     assert of_kind(docs, "Secret") == []
+    assert "secretRef" not in json.dumps(docs) and "secretKeyRef" not in json.dumps(docs)
     (auth,) = of_kind(docs, "TriggerAuthentication")
     assert auth["spec"] == {"podIdentity": auth["spec"]["podIdentity"]}
     assert auth["spec"]["podIdentity"]["provider"] == "azure-workload"
-    assert "BILLING_STORAGE_ACCOUNT_URL" in billing_env(docs)
-    assert "BILLING_STORAGE_CONNECTION_STRING" not in billing_env(docs)
+    settings = settings_from(billing_env(docs), monkeypatch)
+    assert settings.storage_connection_string is None and settings.storage_account_url
+    assert sa.make_url(settings.sql_url_value).password is None
+    assert of_kind(docs, "ConfigMap")[0]["data"]["AZURE_TOKEN_CREDENTIALS"] == "WorkloadIdentityCredential"
     for scaled in of_kind(docs, "ScaledObject"):
         assert all(t["metadata"].get("accountName") for t in scaled["spec"]["triggers"])
     for deployment in role_deployments(docs):
