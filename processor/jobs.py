@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import threading
 import time
+from concurrent.futures import ProcessPoolExecutor
 from functools import lru_cache
 
 from shared.errors import InputError, PoisonMessage
@@ -13,6 +15,21 @@ from shared.messaging.processes import pid_alive
 from shared.protocol import WorkHeader, WorkItemResult, decode_work, results_envelope
 from shared.rules.rating import aggregate
 from shared.rules.reference import PriceBook, TaxTable, load_price_book, load_tax_table
+
+
+def rating_pool(workers: int, *, owner_check: float = 1.0) -> ProcessPoolExecutor:
+    """A pool of ``workers`` rating processes, started now (not when the first work item waits for
+    them): forks of a fork server that imported this module once, each exiting with its owner."""
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload([__name__])
+    pool = ProcessPoolExecutor(workers, mp_context=context, initializer=exit_with, initargs=(os.getpid(), owner_check))
+    for _ in range(workers):
+        pool.submit(_started)
+    return pool
+
+
+def _started() -> None:
+    """A task that does nothing: submitted once per worker, it makes the pool start them all."""
 
 
 def exit_with(owner: int, interval: float = 1.0) -> None:
@@ -26,10 +43,6 @@ def exit_with(owner: int, interval: float = 1.0) -> None:
                 os._exit(0)
 
     threading.Thread(target=watch, name="owner-watch", daemon=True).start()
-
-
-def started() -> None:
-    """A task that does nothing: submitted once per worker, it makes the pool start them all."""
 
 
 @lru_cache(maxsize=16)

@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import multiprocessing
-import os
 import uuid
 from collections.abc import Mapping
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 
 from azure.storage.queue import QueueMessage
 from opentelemetry.trace import Span, SpanKind, StatusCode
@@ -24,8 +22,7 @@ from shared.protocol import WorkHeader, notify_controller, parse_work_header
 from shared.refstore import PRICEBOOK, TAXES, ReferenceStore
 from shared.settings import Settings
 
-from . import jobs
-from .jobs import exit_with, rate_work_items
+from .jobs import rate_work_items, rating_pool
 
 log = logging.getLogger(__name__)
 
@@ -41,15 +38,7 @@ class Processor(Service):
         super().__init__(storage=storage, settings=settings, triggers=triggers, burst=burst)
         self.claim_check = ClaimCheck(storage, container=settings.work_container, limit=settings.max_message_bytes)
         self.references = ReferenceStore(storage, container=settings.reference_container)
-        # Rating workers start now, not when the first work item waits for them: the fork server
-        # imports the rating code once, and each worker is a fork of it.
-        context = multiprocessing.get_context("forkserver")
-        context.set_forkserver_preload([jobs.__name__])
-        self._pool = ProcessPoolExecutor(
-            max_workers=settings.cpu_workers, mp_context=context, initializer=exit_with, initargs=(os.getpid(),)
-        )
-        for _ in range(settings.cpu_workers):
-            self._pool.submit(jobs.started)
+        self._pool = rating_pool(settings.cpu_workers)
         poison = PoisonQueue(
             storage, self.claim_check, on_poisoned=notify_controller(self.claim_check, settings.results_queue)
         )
@@ -79,8 +68,7 @@ class Processor(Service):
             return poisoned
         with telemetry.ending(spans):
             traces = [telemetry.carrier(span) for span in spans]
-            loop = asyncio.get_running_loop()
-            results, bad = await loop.run_in_executor(self._pool, rate_work_items, items, references, traces)
+            results, bad = await self._rate(items, references, traces)
             poisoned.update({rated[index].id: reason for index, reason in bad.items()})
             for index, reason in bad.items():
                 spans[index].set_status(StatusCode.ERROR, reason)
@@ -91,6 +79,23 @@ class Processor(Service):
                 await self.announce({self.settings.results_queue: (1, sum(header.rows for header, _ in items))})
         # The results are enqueued: from here the inputs may be deleted.
         return poisoned
+
+    async def _rate(
+        self, items: list[tuple[WorkHeader, bytes]], references: dict[str, bytes], traces: list[dict[str, str]]
+    ) -> tuple[Envelope | None, dict[int, str]]:
+        """Rate in a worker process. A pool that lost a worker (killed, out of memory) is broken for
+        good: it is replaced by a new one and the work tried once more there; should that break too,
+        the error hands the messages back, and a work item that kills every worker ends as poison."""
+        pool = self._pool
+        loop = asyncio.get_running_loop()
+        try:
+            return await loop.run_in_executor(pool, rate_work_items, items, references, traces)
+        except BrokenProcessPool:
+            if self._pool is pool:  # the first dequeue task to see it replaces it
+                log.error("a rating worker died; starting %d new ones", self.settings.cpu_workers)
+                self._pool = rating_pool(self.settings.cpu_workers)
+                pool.shutdown(wait=False)
+            return await loop.run_in_executor(self._pool, rate_work_items, items, references, traces)
 
     async def aclose(self) -> None:
         await asyncio.to_thread(self._pool.shutdown)

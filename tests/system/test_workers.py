@@ -1,5 +1,5 @@
-"""The processor's rating workers never outlive it: killed with SIGKILL, its pool cannot shut down,
-so each worker watches its owner and exits (real processes, the processor's own pool set-up)."""
+"""The processor's rating workers (real processes, the processor's own pool): they never outlive it,
+and one that dies (killed, out of memory) is replaced without losing or poisoning work."""
 
 from __future__ import annotations
 
@@ -7,16 +7,20 @@ import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
+from controller.store import Store
+from shared.rules.sample import generate
+from shared.settings import Settings
+from support.exact import assert_batch_exact, billing
+from support.roles import Roles
 from support.waiting import wait_until
 
 OWNER = """
-import multiprocessing, os, sys
-from concurrent.futures import ProcessPoolExecutor
-from processor.jobs import exit_with
+import os, sys
+from processor.jobs import rating_pool
 
-pool = ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("forkserver"),
-                           initializer=exit_with, initargs=(os.getpid(), 0.2))
+pool = rating_pool(2, owner_check=0.2)
 print(*sorted({pool.submit(os.getpid).result() for _ in range(20)}), flush=True)
 sys.stdin.read()  # until killed
 """
@@ -30,6 +34,10 @@ def alive(pid: int) -> bool:
         return False
 
 
+def children(pid: int) -> list[int]:
+    return [int(child) for task in Path(f"/proc/{pid}/task").glob("*/children") for child in task.read_text().split()]
+
+
 def test_workers_exit_when_their_owner_is_killed() -> None:
     owner = subprocess.Popen([sys.executable, "-c", OWNER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     assert owner.stdout is not None
@@ -38,3 +46,30 @@ def test_workers_exit_when_their_owner_is_killed() -> None:
     os.kill(owner.pid, signal.SIGKILL)
     owner.wait()
     assert wait_until(lambda: not any(alive(pid) for pid in workers), 10, interval=0.1), "orphaned rating workers"
+
+
+def test_a_killed_rating_worker_is_replaced_and_the_batch_stays_exact(
+    settings_env: Settings, roles: Roles, tmp_path: Path
+) -> None:
+    settings = settings_env.model_copy(update={"work_item_size": 500, "dequeue_batch_size": 4})
+    batch = tmp_path / "batch.csv"
+    generate(60_000, batch, seed=5, reject_rate=0.01)
+    with roles.running(settings), Store(settings.sql_url_value) as store:
+        assert roles.wait_up()
+        processor = roles.processes[roles.names.index("processor")].pid
+        # The processor's children: its fork server, whose children are the rating workers.
+        workers = [worker for server in children(processor) for worker in children(server)]
+        assert len(workers) == settings.cpu_workers, workers
+        billing("submit", str(batch), "--batch-id", "workers")
+
+        def rating_begun() -> bool:
+            status = store.batch("workers")
+            return status is not None and status.completed_items > 0
+
+        assert wait_until(rating_begun, 120, interval=0.05)
+        for worker in workers:
+            os.kill(worker, signal.SIGKILL)
+        assert wait_until(lambda: (s := store.batch("workers")) is not None and s.state == "complete", 180)
+    assert roles.returncodes == [0, 0, 0]
+    assert "a rating worker died; starting" in roles.logs()["processor-1.log"]
+    assert_batch_exact("workers", batch)
