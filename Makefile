@@ -16,6 +16,9 @@ lint: setup
 	$(PYTHON) -m ruff format --check .
 	$(PYTHON) -m mypy
 
+# System packages the tests use (Debian; root or sudo): PostgreSQL, Podman for the image, chromium for the console.
 test: setup lint
 	bash deploy/install-postgres.sh
+	bash deploy/install-podman.sh
+	bash deploy/install-chromium.sh
 	$(PYTHON) -m pytest
