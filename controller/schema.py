@@ -116,6 +116,8 @@ batches = sa.Table(
     sa.Column("updated_at", UTCDateTime(), nullable=False),
     # When the batch's claim-check blobs were deleted (see Controller.clean_up).
     sa.Column("claims_deleted_at", UTCDateTime(), nullable=True),
+    # A fresh random token on every write of the batch's aggregates: what a store's cache of them checks.
+    sa.Column("fold_token", sa.String(32), nullable=True),
 )
 
 #: Every work item ever recorded (the idempotency key); ``poison_reason`` set when it was poisoned instead.

@@ -10,13 +10,18 @@ Concurrency: every write locks the affected batch rows first (``SELECT ... FOR U
 order on PostgreSQL; ``BEGIN IMMEDIATE`` on SQLite, which serialises writers), so read-modify-write of
 aggregates and counters never loses an update; the ``work_items`` primary key makes double counting
 impossible even if that were bypassed.
+
+On SQLite a store keeps the aggregates of the batches it folded lately in memory (:class:`_FoldCache`), so
+that adding to them needs no read; each batch's ``fold_token`` tells whether they are still what is stored.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
-from collections.abc import Iterator, Mapping, Sequence
+import threading
+import uuid
+from collections import OrderedDict
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -49,12 +54,20 @@ FINAL_STATES = frozenset({"complete", "failed", "refused"})
 _MIGRATION_LOCK = 0x62696C6C  # PostgreSQL advisory lock key ("bill")
 _IMMEDIATE = "billing_sqlite_immediate"
 _CHUNK = 1000
-_SQLITE_KEYS = 199  # aggregate keys per query: 5 variables each, within SQLite's historic limit of 999
 _AGGREGATE_KEY = ("batch_id", "account_id", "product", "billing_day")
 _AGGREGATE_VALUES = ("currency", "transactions", "quantity", "net", "tax", "total")
 _SUMMED = _AGGREGATE_VALUES[1:]
 #: How aggregate columns are held in Arrow while folding.
 _ARROW_TYPES = {**{f.name: f.type for f in PARTIAL_SCHEMA}, "batch_id": pa.string(), "billing_day": pa.date32()}
+#: A fold's table (see :func:`_fold`).
+_FOLD_SCHEMA = pa.schema([(name, _ARROW_TYPES[name]) for name in _AGGREGATE_KEY + _AGGREGATE_VALUES])
+#: Reads one batch's stored aggregates on SQLite, as a fold's columns.
+_SQLITE_BATCH = f"SELECT {', '.join(_FOLD_SCHEMA.names)} FROM aggregates WHERE batch_id = ?"
+#: At most this many aggregate rows cached per store: ~140 bytes each in Arrow, ~70 MiB (a 1,000,000-row sample
+#: batch has ~46,000 keys, and as many at 10,000,000 rows: the key space, not the batch, sets its size).
+_CACHED_ROWS = 500_000
+#: States in which a batch's aggregates never change again: nothing to gain from caching them.
+_SETTLED = frozenset({"complete", "refused"})
 #: Sets a fold's sums on SQLite, binding the canonical decimal text Arrow wrote (no conversion per value).
 _SQLITE_UPSERT = (
     f"INSERT INTO aggregates ({', '.join(_AGGREGATE_KEY + _AGGREGATE_VALUES)}) "
@@ -128,6 +141,66 @@ class ApplyOutcome:
     latency_seconds: dict[str, float] = field(default_factory=dict)
 
 
+#: What a batch row says of its aggregates: their fold token, and its completed work items.
+_Stamp = tuple[str | None, int]
+
+
+class _FoldCache:
+    """The complete stored aggregates of the batches a store added to lately (SQLite), so that adding to them
+    again needs no read: at most :data:`_CACHED_ROWS` rows, the least recently used batch evicted first, a batch
+    settled ``complete`` or ``refused`` dropped (nothing adds to it again).
+
+    Why it is exact whatever else writes to the database: every write of a batch's aggregates, by any store,
+    sets a fresh random ``fold_token`` on the batch's row in the same transaction, and an entry is kept only
+    after its transaction committed, stamped with the row as written. ``Store.apply`` compares the stamp with
+    the row while it holds the row locked (``BEGIN IMMEDIATE``): equal, nobody wrote the batch's aggregates
+    since, and the entry is what is stored; different (another store's write, a refusal, an outcome unknown),
+    the batch's aggregates are read once again. The stamp holds the row's completed work items too, which any
+    writer counting a work item changes: a controller older than the token, still running beside, included.
+    """
+
+    def __init__(self, limit: int = _CACHED_ROWS) -> None:
+        self._limit = limit
+        self._entries: OrderedDict[str, tuple[_Stamp, pa.Table]] = OrderedDict()
+        self._rows = 0
+        self._lock = threading.Lock()  # a store may be shared by threads
+
+    def stored(self, conn: sa.Connection, batch_id: str, stamp: _Stamp) -> pa.Table:
+        """``batch_id``'s stored aggregates, its row (locked in ``conn``) stamped ``stamp``: cached or read."""
+        with self._lock:
+            entry = self._entries.get(batch_id)
+            if entry is not None and entry[0] == stamp:
+                self._entries.move_to_end(batch_id)
+                return entry[1]
+        return _batch_aggregates(conn, batch_id)
+
+    def committed(self, rows: Mapping[str, Mapping[str, Any]], merged: Mapping[str, pa.Table]) -> None:
+        """Keep what a committed transaction wrote: ``rows`` (batch rows as written) and the complete
+        aggregates of the batches it added to."""
+        self.drop(batch_id for batch_id, row in rows.items() if row["state"] in _SETTLED)
+        with self._lock:
+            for batch_id, table in merged.items():
+                if rows[batch_id]["state"] in _SETTLED:
+                    continue
+                self._discard(batch_id)
+                self._entries[batch_id] = (_stamp(rows[batch_id]), table)
+                self._rows += table.num_rows
+            while self._rows > self._limit:
+                _, (_, evicted) = self._entries.popitem(last=False)
+                self._rows -= evicted.num_rows
+
+    def drop(self, batch_ids: Iterable[str]) -> None:
+        """Forget these batches."""
+        with self._lock:
+            for batch_id in batch_ids:
+                self._discard(batch_id)
+
+    def _discard(self, batch_id: str) -> None:
+        entry = self._entries.pop(batch_id, None)
+        if entry is not None:
+            self._rows -= entry[1].num_rows
+
+
 class Store:
     """The controller's SQL store (SQLite or PostgreSQL); migrates itself to the latest schema on open."""
 
@@ -141,6 +214,7 @@ class Store:
 
             credential = DefaultAzureCredential()
         self._engine = _create_engine(self.url, credential)
+        self._folds = _FoldCache()  # stays empty on PostgreSQL: it adds to the stored sums in SQL
         if migrate:
             self.migrate()
 
@@ -217,67 +291,72 @@ class Store:
             return ApplyOutcome(new_items=0, duplicate_items=0)
 
         now = datetime.now(UTC)
-        with self._write() as conn:
-            rows = self._lock_batches(conn, batch_ids, now)
-            before = {batch_id: dict(row) for batch_id, row in rows.items()}
-            for manifest in first_manifests.values():
-                if rows[manifest.batch_id]["work_items"] is None:
-                    _fill_from_manifest(rows[manifest.batch_id], manifest)
-                    if manifest.refused is None:
-                        _insert_rejects(conn, manifest)
-                    else:
-                        _forget_counts(conn, rows[manifest.batch_id])
+        try:
+            with self._write() as conn:
+                rows = self._lock_batches(conn, batch_ids, now)
+                before = {batch_id: dict(row) for batch_id, row in rows.items()}
+                for manifest in first_manifests.values():
+                    if rows[manifest.batch_id]["work_items"] is None:
+                        _fill_from_manifest(rows[manifest.batch_id], manifest)
+                        if manifest.refused is None:
+                            _insert_rejects(conn, manifest)
+                        else:
+                            _forget_counts(conn, rows[manifest.batch_id])
 
-            recorded = _recorded_work_items(conn, [*first_results, *notices])
-            new = [r for r in first_results.values() if r.work_item_id not in recorded]
-            recovered = [r for r in first_results.values() if recorded.get(r.work_item_id) is not None]
-            fresh_poison = [n for n in notices.values() if n.work_item_id not in recorded]
-            records = [
-                {
-                    "work_item_id": r.work_item_id,
-                    "batch_id": r.batch_id,
-                    "transactions": r.transactions,
-                    "recorded_at": now,
-                }
-                for r in new
-            ] + [
-                {
-                    "work_item_id": n.work_item_id,
-                    "batch_id": n.batch_id,
-                    "transactions": 0,
-                    "recorded_at": now,
-                    "poison_reason": n.reason,
-                }
-                for n in fresh_poison
-            ]
-            for chunk in _chunks(records, _CHUNK):
-                conn.execute(sa.insert(work_items), [{"poison_reason": None, **record} for record in chunk])
-            for result in recovered:
-                conn.execute(
-                    sa.update(work_items)
-                    .where(work_items.c.work_item_id == result.work_item_id)
-                    .values(transactions=result.transactions, recorded_at=now, poison_reason=None)
-                )
-                rows[result.batch_id]["poisoned_items"] -= 1
-            counted = [r for r in new + recovered if rows[r.batch_id]["refused_reason"] is None]
-            for result in new + recovered:
-                rows[result.batch_id]["completed_items"] += 1
-            for result in counted:
-                rows[result.batch_id]["transactions_recorded"] += result.transactions
-            for notice in fresh_poison:
-                rows[notice.batch_id]["poisoned_items"] += 1
-            for batch_id, count in (requests or {}).items():
-                rows[batch_id]["requests"] += count
-            _merge_aggregates(conn, counted)
+                recorded = _recorded_work_items(conn, [*first_results, *notices])
+                new = [r for r in first_results.values() if r.work_item_id not in recorded]
+                recovered = [r for r in first_results.values() if recorded.get(r.work_item_id) is not None]
+                fresh_poison = [n for n in notices.values() if n.work_item_id not in recorded]
+                records = [
+                    {
+                        "work_item_id": r.work_item_id,
+                        "batch_id": r.batch_id,
+                        "transactions": r.transactions,
+                        "recorded_at": now,
+                    }
+                    for r in new
+                ] + [
+                    {
+                        "work_item_id": n.work_item_id,
+                        "batch_id": n.batch_id,
+                        "transactions": 0,
+                        "recorded_at": now,
+                        "poison_reason": n.reason,
+                    }
+                    for n in fresh_poison
+                ]
+                for chunk in _chunks(records, _CHUNK):
+                    conn.execute(sa.insert(work_items), [{"poison_reason": None, **record} for record in chunk])
+                for result in recovered:
+                    conn.execute(
+                        sa.update(work_items)
+                        .where(work_items.c.work_item_id == result.work_item_id)
+                        .values(transactions=result.transactions, recorded_at=now, poison_reason=None)
+                    )
+                    rows[result.batch_id]["poisoned_items"] -= 1
+                counted = [r for r in new + recovered if rows[r.batch_id]["refused_reason"] is None]
+                for result in new + recovered:
+                    rows[result.batch_id]["completed_items"] += 1
+                for result in counted:
+                    rows[result.batch_id]["transactions_recorded"] += result.transactions
+                for notice in fresh_poison:
+                    rows[notice.batch_id]["poisoned_items"] += 1
+                for batch_id, count in (requests or {}).items():
+                    rows[batch_id]["requests"] += count
+                merged = self._merge_aggregates(conn, counted, rows, before)
 
-            completed: list[str] = []
-            failed: list[str] = []
-            for batch_id, row in rows.items():
-                _settle(row, now)
-                if row != before[batch_id]:
-                    _update_batch(conn, row, now)
-                    if row["state"] != before[batch_id]["state"]:
-                        {"complete": completed, "failed": failed}.get(row["state"], []).append(batch_id)
+                completed: list[str] = []
+                failed: list[str] = []
+                for batch_id, row in rows.items():
+                    _settle(row, now)
+                    if row != before[batch_id]:
+                        _update_batch(conn, row, now)
+                        if row["state"] != before[batch_id]["state"]:
+                            {"complete": completed, "failed": failed}.get(row["state"], []).append(batch_id)
+        except BaseException:
+            self._folds.drop(batch_ids)  # rolled back, or committed maybe: read again
+            raise
+        self._folds.committed(rows, merged)
         return ApplyOutcome(
             new_items=len(new) + len(recovered),
             duplicate_items=len(results) - len(new) - len(recovered),
@@ -287,6 +366,38 @@ class Store:
                 b: rows[b]["latency_seconds"] for b in completed if rows[b]["latency_seconds"] is not None
             },
         )
+
+    def _merge_aggregates(
+        self,
+        conn: sa.Connection,
+        results: Sequence[WorkItemResult],
+        rows: Mapping[str, dict[str, Any]],
+        before: Mapping[str, Mapping[str, Any]],
+    ) -> dict[str, pa.Table]:
+        """Add the results' partials into ``aggregates`` exactly, folded per key first, in one write, and give
+        each batch added to a fresh fold token (in ``rows``). On PostgreSQL the addition happens in SQL
+        (``NUMERIC``); on SQLite (decimal text) in Arrow, over each batch's stored aggregates as they were
+        (``before``) from the cache or read once: then the batches' complete aggregates are returned."""
+        if not results:
+            return {}
+        folded = _fold(_partials(results))
+        if not folded.num_rows:
+            return {}
+        batch_ids = pc.unique(folded["batch_id"]).to_pylist()
+        for batch_id in batch_ids:
+            rows[batch_id]["fold_token"] = _fresh_token()
+        if conn.dialect.name == "postgresql":
+            conn.execute(_PG_UPSERT, {name: _sql_values(folded[name]) for name in folded.column_names})
+            return {}
+        stored = pa.concat_tables([self._folds.stored(conn, b, _stamp(before[b])) for b in batch_ids])
+        added = pa.chunked_array([pa.repeat(False, stored.num_rows), pa.repeat(True, folded.num_rows)])
+        summed = _fold(pa.concat_tables([stored, folded]).append_column("added", added), flag="added")
+        touched = summed.filter(summed["added"]).drop_columns(["added"])  # the keys to write
+        summed = summed.drop_columns(["added"])
+        conn.exec_driver_sql(_SQLITE_UPSERT, list(zip(*map(_sql_values, touched.columns), strict=True)))
+        if len(batch_ids) == 1:
+            return {batch_ids[0]: summed}
+        return {batch_id: summed.filter(pc.equal(summed["batch_id"], batch_id)) for batch_id in batch_ids}
 
     def mark_claims_deleted(self, batch_id: str) -> None:
         """Record that ``batch_id``'s claim-check blobs are gone."""
@@ -432,6 +543,14 @@ def _recorded_work_items(conn: sa.Connection, ids: list[str]) -> dict[str, str |
     return found
 
 
+def _stamp(row: Mapping[str, Any]) -> _Stamp:
+    return row["fold_token"], row["completed_items"]
+
+
+def _fresh_token() -> str:
+    return uuid.uuid4().hex
+
+
 def _fill_from_manifest(row: dict[str, Any], manifest: Manifest) -> None:
     row.update(
         source=manifest.source,
@@ -451,10 +570,11 @@ def _fill_from_manifest(row: dict[str, Any], manifest: Manifest) -> None:
 
 
 def _forget_counts(conn: sa.Connection, row: dict[str, Any]) -> None:
-    """A refused batch counts nothing: delete its aggregates and rejects, zero its recorded transactions."""
+    """A refused batch counts nothing: delete its aggregates (a fresh fold token) and rejects, zero its
+    recorded transactions."""
     conn.execute(sa.delete(aggregates).where(aggregates.c.batch_id == row["batch_id"]))
     conn.execute(sa.delete(rejects).where(rejects.c.batch_id == row["batch_id"]))
-    row["transactions_recorded"] = 0
+    row.update(transactions_recorded=0, fold_token=_fresh_token())
 
 
 def _insert_rejects(conn: sa.Connection, manifest: Manifest) -> None:
@@ -467,23 +587,6 @@ def _insert_rejects(conn: sa.Connection, manifest: Manifest) -> None:
         conn.execute(sa.insert(rejects), chunk)
 
 
-def _merge_aggregates(conn: sa.Connection, results: Sequence[WorkItemResult]) -> None:
-    """Add the results' partials into ``aggregates`` exactly, folded per key first, in one write: on
-    PostgreSQL the addition happens in SQL (``NUMERIC``); on SQLite (decimal text) in Arrow, over the
-    stored rows of the keys touched."""
-    if not results:
-        return
-    folded = _fold(_partials(results))
-    if not folded.num_rows:
-        return
-    if conn.dialect.name == "postgresql":
-        conn.execute(_PG_UPSERT, {name: _sql_values(folded[name]) for name in folded.column_names})
-        return
-    stored = _stored_aggregates(conn, folded.select(_AGGREGATE_KEY))
-    summed = _fold(pa.concat_tables([stored, folded])) if stored.num_rows else folded
-    conn.exec_driver_sql(_SQLITE_UPSERT, list(zip(*map(_sql_values, summed.columns), strict=True)))
-
-
 def _partials(results: Sequence[WorkItemResult]) -> pa.Table:
     """The results' partials as one table with a ``batch_id`` column and ``billing_day`` as a date (checked)."""
     table = pa.concat_tables([result.partials for result in results])
@@ -494,8 +597,9 @@ def _partials(results: Sequence[WorkItemResult]) -> pa.Table:
     )
 
 
-def _fold(table: pa.Table) -> pa.Table:
-    """``table``'s rows summed per aggregate key, exactly, in key order (key, first currency not null, sums).
+def _fold(table: pa.Table, *, flag: str | None = None) -> pa.Table:
+    """``table``'s rows summed per aggregate key, exactly, in key order (key, first currency not null, sums;
+    with ``flag``, the name of a boolean column, whether any of the key's rows had it set, after the currency).
 
     Arrow's integer and decimal sums wrap silently on overflow, so a column whose sum might not fit its
     type is summed in a wider one; a sum that does not fit the stored type then raises ``ValueError``.
@@ -506,14 +610,18 @@ def _fold(table: pa.Table) -> pa.Table:
         if column.null_count:
             raise ValueError(f"partial aggregates with a null {name}")
         summed[name] = column if _sum_fits(column) else column.cast(_wider(column.type))
-    wide = pa.table({**{key: table[key] for key in _AGGREGATE_KEY}, "currency": table["currency"], **summed})
-    grouped = wide.group_by(list(_AGGREGATE_KEY), use_threads=False).aggregate(
-        [("currency", "first"), *((name, "sum") for name in _SUMMED)]
+    flags = [] if flag is None else [flag]
+    kept = {name: table[name] for name in (*_AGGREGATE_KEY, "currency", *flags)}
+    grouped = (
+        pa.table({**kept, **summed})
+        .group_by(list(_AGGREGATE_KEY), use_threads=False)
+        .aggregate([("currency", "first"), *((name, "any") for name in flags), *((name, "sum") for name in _SUMMED)])
     )
     folded = pa.table(
         {
             **{key: grouped[key] for key in _AGGREGATE_KEY},
             "currency": grouped["currency_first"],
+            **{name: grouped[f"{name}_any"] for name in flags},
             **{name: grouped[f"{name}_sum"].cast(table.schema.field(name).type) for name in _SUMMED},
         }
     )
@@ -547,38 +655,19 @@ def _sql_values(column: pa.ChunkedArray) -> list[Any]:
     return values
 
 
-def _stored_aggregates(conn: sa.Connection, keys: pa.Table) -> pa.Table:
-    """The stored aggregates of ``keys`` (one query per chunk of keys), as a table like :func:`_fold` makes
-    (with each key's stored currency left out: a fold keeps it)."""
-    width = len(_AGGREGATE_KEY) + 1
-    params: list[Any] = [None] * (keys.num_rows * width)
-    params[::width] = range(keys.num_rows)
-    for offset, name in enumerate(_AGGREGATE_KEY, start=1):
-        params[offset::width] = _sql_values(keys[name])
-    found: list[tuple[Any, ...]] = []
+def _batch_aggregates(conn: sa.Connection, batch_id: str) -> pa.Table:
+    """One batch's stored aggregates on SQLite (one query), as a table like :func:`_fold` makes."""
     cursor = conn.connection.cursor()  # the driver's plain tuples: no conversion per value
     try:
-        for chunk in _chunks(params, _SQLITE_KEYS * width):
-            cursor.execute(_sqlite_select(len(chunk) // width), chunk)
-            found.extend(cursor.fetchall())
+        found = cursor.execute(_SQLITE_BATCH, (batch_id,)).fetchall()
     finally:
         cursor.close()
-    index, *values = zip(*found, strict=True) if found else [()] * (len(_SUMMED) + 1)
-    stored = keys.take(pa.array(index, pa.int64())).append_column("currency", pa.nulls(len(index), pa.string()))
-    for name, column in zip(_SUMMED, values, strict=True):
-        stored = stored.append_column(name, pa.array(column, pa.int64() if name == "transactions" else pa.string()))
-    return stored.cast(pa.schema([(name, _ARROW_TYPES[name]) for name in _AGGREGATE_KEY + _AGGREGATE_VALUES]))
-
-
-@functools.cache
-def _sqlite_select(keys: int) -> str:
-    """The query of ``keys`` keys' stored sums by key position: keys first (CROSS JOIN keeps that order), one
-    primary key search each."""
-    return (
-        f"WITH k(i, {', '.join(_AGGREGATE_KEY)}) AS (VALUES {', '.join(['(?, ?, ?, ?, ?)'] * keys)}) "
-        f"SELECT k.i, {', '.join(f'a.{name}' for name in _SUMMED)} FROM k CROSS JOIN aggregates AS a "
-        f"USING ({', '.join(_AGGREGATE_KEY)})"
-    )
+    columns = zip(*found, strict=True) if found else [()] * len(_FOLD_SCHEMA)
+    as_read = {
+        name: pa.array(column, pa.int64() if name == "transactions" else pa.string())
+        for name, column in zip(_FOLD_SCHEMA.names, columns, strict=True)
+    }
+    return pa.table(as_read).cast(_FOLD_SCHEMA)
 
 
 def _settle(row: dict[str, Any], now: datetime) -> None:

@@ -1,13 +1,14 @@
-"""The store's vectorised fold of partial aggregates, refused batches and phase timestamps, on SQLite and
-PostgreSQL (``sql_url`` from conftest), checked against an independent exact reference (Python ints and
-``decimal``)."""
+"""The store's vectorised fold of partial aggregates, its cache of stored aggregates (SQLite), refused batches
+and phase timestamps, on SQLite and PostgreSQL (``sql_url`` from conftest), checked against an independent
+exact reference (Python ints and ``decimal``)."""
 
 from __future__ import annotations
 
 import random
 from collections.abc import Iterator
-from datetime import UTC, datetime, timedelta, timezone
+from datetime import UTC, date, datetime, timedelta, timezone
 from decimal import Decimal, localcontext
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,7 +17,8 @@ from alembic import command
 from alembic.config import Config
 
 from controller import reports
-from controller.store import MIGRATIONS, Store
+from controller.schema import aggregates, batches, work_items
+from controller.store import MIGRATIONS, Store, _fold, _FoldCache, _partials
 from shared.protocol import PoisonNotice, WorkItemResult
 from support import records
 from support.records import manifest, result
@@ -233,3 +235,143 @@ def test_migration_0004_adds_empty_phases_to_existing_batches(sql_url: str) -> N
         store.migrate()
         status = store.batch("old")
     assert status is not None and (status.uploaded_at, status.debatched_at) == (None, None)
+
+
+def test_two_stores_adding_to_one_batch_in_turn_stay_exact(sql_url: str) -> None:
+    """Each write makes the other store's cache of the batch stale (SQLite): its fold token says so."""
+    rng = random.Random(3)
+    items = [random_result(rng, f"b1-w{i}", "b1") for i in range(30)]
+    items += [random_result(rng, f"b2-w{i}", "b2") for i in range(10)]
+    rng.shuffle(items)
+    with Store(sql_url) as first, Store(sql_url) as second:
+        for turn, start in enumerate(range(0, len(items), 3)):
+            (first, second)[turn % 2].apply([], items[start : start + 3] + items[: start // 6])  # with duplicates
+        assert stored_text(first) == canonical(reference(items))
+        status = second.batch("b1")
+    assert status is not None
+    assert status.transactions_recorded == sum(r.transactions for r in items if r.batch_id == "b1")
+
+
+def test_a_store_that_cached_a_batch_counts_nothing_once_another_refused_it(sql_url: str) -> None:
+    with Store(sql_url) as first, Store(sql_url) as second:
+        first.apply([], [result("w1", partial(net=10**20)), result("w2", partial("acct-2"))])
+        first.apply([], [result("o1", batch_id="o")])
+        second.apply([manifest(work_items=4, accepted=4, refused="file is not UTF-8 past row 2000")], [])
+        first.apply([], [result("w3", partial(net=7)), result("o2", partial(net=5), batch_id="o")])
+        second.apply([], [result("w4", partial(net=9)), result("o3", partial(net=1), batch_id="o")])
+
+        assert reports.aggregates(first, "b1").empty and reports.aggregates(second, "b1").empty
+        status = first.batch("b1")
+        assert status is not None and (status.state, status.transactions_recorded) == ("refused", 0)
+        assert list(reports.aggregates(second, "o")["net"]) == [106]  # another batch keeps its counts
+
+
+def test_a_failed_apply_leaves_nothing_stale(store: Store) -> None:
+    """After an apply that failed (a sum beyond the stored type; the database refusing the batch's update after
+    its aggregates were written: a real trigger), the next applies add to what is stored."""
+    huge = 9 * 10**37
+    store.apply([manifest(work_items=4, accepted=4)], [result("w1", partial(net=huge, tax=0))])
+    with pytest.raises((ValueError, sa.exc.DataError)):  # added in Arrow on SQLite, in SQL on PostgreSQL
+        store.apply([], [result("w2", partial(net=huge, tax=0))])
+    with _refusing_updates(store, completed_items=2), pytest.raises(sa.exc.DBAPIError, match="injected failure"):
+        store.apply([], [result("w3", partial(net=5, tax=0))])
+
+    store.apply([], [result("w4", partial(net=1, tax=0))])
+    store.apply([], [result("w3", partial(net=5, tax=0))])
+
+    status = store.batch("b1")
+    assert status is not None and (status.completed_items, status.transactions_recorded) == (3, 3)
+    row = reports.aggregates(store, "b1").iloc[0]
+    assert (row["net"], row["total"], row["transactions"]) == (huge + 6, huge + 6, 3)
+
+
+class _refusing_updates:
+    """A trigger that makes the database refuse to update a batch row reaching ``completed_items``."""
+
+    def __init__(self, store: Store, *, completed_items: int) -> None:
+        self.store = store
+        self.completed_items = completed_items
+
+    def __enter__(self) -> None:
+        with self.store.engine.begin() as conn:
+            if conn.dialect.name == "postgresql":
+                conn.exec_driver_sql(
+                    "CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql "
+                    "AS $$ BEGIN RAISE EXCEPTION 'injected failure'; END $$"
+                )
+                conn.exec_driver_sql(
+                    "CREATE TRIGGER refuse BEFORE UPDATE ON batches FOR EACH ROW "
+                    f"WHEN (NEW.completed_items = {self.completed_items}) EXECUTE FUNCTION refuse()"
+                )
+            else:
+                conn.exec_driver_sql(
+                    f"CREATE TRIGGER refuse BEFORE UPDATE ON batches WHEN NEW.completed_items = {self.completed_items} "
+                    "BEGIN SELECT RAISE(ABORT, 'injected failure'); END"
+                )
+
+    def __exit__(self, *_: object) -> None:
+        with self.store.engine.begin() as conn:
+            postgres = conn.dialect.name == "postgresql"
+            conn.exec_driver_sql("DROP TRIGGER refuse" + (" ON batches" if postgres else ""))
+            if postgres:
+                conn.exec_driver_sql("DROP FUNCTION refuse()")
+
+
+def test_the_fold_cache_keeps_recent_unsettled_batches_within_its_bound(tmp_path: Path) -> None:
+    """What the cache gives back, over a real (empty) SQLite database: its entry, or what is stored (nothing)."""
+    tables = {b: _fold(_partials([result(f"{b}-w", partial("x"), partial("y"), batch_id=b)])) for b in "abcd"}
+    rows = {b: {"state": "processing", "fold_token": f"t-{b}", "completed_items": 1} for b in "abcd"}
+    with Store(f"sqlite:///{tmp_path / 'billing.db'}") as store, store.engine.begin() as conn:
+        cache = _FoldCache(limit=5)
+        cache.committed({b: rows[b] for b in "ab"}, {b: tables[b] for b in "ab"})
+        assert cache.stored(conn, "a", ("t-a", 1)) is tables["a"]  # now the most recently used
+        cache.committed({"c": rows["c"]}, {"c": tables["c"]})  # 6 rows: the least recently used goes
+        assert cache.stored(conn, "b", ("t-b", 1)).num_rows == 0
+        assert cache.stored(conn, "a", ("t-a", 1)) is tables["a"]
+        assert cache.stored(conn, "c", ("t-c", 1)) is tables["c"]
+        assert cache.stored(conn, "a", ("t-a", 2)).num_rows == 0  # another stamp: read
+        assert cache.stored(conn, "a", ("t-other", 1)).num_rows == 0
+
+        cache.committed({"c": {**rows["c"], "state": "complete"}, "d": rows["d"]}, {"d": tables["d"]})
+        assert cache.stored(conn, "c", ("t-c", 1)).num_rows == 0  # settled: dropped
+        assert cache.stored(conn, "d", ("t-d", 1)) is tables["d"]
+        cache.drop(["d"])
+        assert cache.stored(conn, "d", ("t-d", 1)).num_rows == 0
+
+
+def test_migration_0006_adds_to_aggregates_stored_before_it(sql_url: str) -> None:
+    now = datetime.now(UTC)
+    with Store(sql_url, migrate=False) as store:
+        config = Config()
+        config.set_main_option("script_location", str(MIGRATIONS))
+        with store.engine.begin() as conn:
+            config.attributes["connection"] = conn
+            command.upgrade(config, "0005")
+            counts = dict(rows=2, accepted=2, rejected=0, work_items=2, completed_items=1, transactions_recorded=1)
+            conn.execute(
+                sa.insert(batches).values(
+                    batch_id="b1",
+                    source="a.csv",
+                    state="processing",
+                    poisoned_items=0,
+                    requests=0,
+                    updated_at=now,
+                    **counts,
+                )
+            )
+            conn.execute(
+                sa.insert(work_items).values(work_item_id="w1", batch_id="b1", transactions=1, recorded_at=now)
+            )
+            key = dict(batch_id="b1", account_id="acct-1", product="CPU", billing_day=date(2026, 3, 2), currency="USD")
+            sums = dict(transactions=1, quantity=Decimal("1.5"), net=10**30, tax=20, total=10**30 + 20)
+            conn.execute(sa.insert(aggregates).values(**key, **sums))
+        store.migrate()
+        assert store.batch("b1") is not None
+
+        store.apply([], [result("w2", partial(net=1, tax=2))])
+
+        status = store.batch("b1")
+        row = reports.aggregates(store, "b1").iloc[0]
+    assert status is not None and (status.state, status.transactions_recorded) == ("complete", 2)
+    sums = (row["transactions"], row["quantity"], row["net"], row["tax"], row["total"])
+    assert sums == (2, "3", 10**30 + 1, 22, 10**30 + 23)
