@@ -1,4 +1,7 @@
-"""``billing``: the command line over the pipeline (thin: parse, then delegate)."""
+"""``billing``: the command line over the pipeline (thin: parse, then delegate).
+
+A command imports what only it needs when it runs (SQLAlchemy, the roles, pandas, FastAPI): the user
+waits for ``billing submit`` to start, and it starts in half the time this way."""
 
 from __future__ import annotations
 
@@ -16,23 +19,19 @@ import click
 from rich.console import Console
 from rich.markup import escape
 
-from controller.store import Store
 from shared import telemetry
 from shared.errors import BillingError
 from shared.logs import configure_logging, redact
 from shared.messaging.poison import Action as PoisonAction
-from shared.messaging.runtime import RoleFactory, role_states, run_role
 from shared.messaging.service import STATE_INTERVAL
-from shared.messaging.storage import Storage
-from shared.messaging.syphon import backlog_depths
-from shared.rules.sample import generate, write_price_book, write_tax_table
 from shared.settings import Settings
 
-from . import client, cost, poison, progress
+from . import client, cost, poison
 from .stack import AzuriteStack, resolve
 
 if TYPE_CHECKING:
     from controller import reports
+    from shared.messaging.runtime import RoleFactory
 
 console = Console(stderr=True)
 ROLES = ("initiator", "processor", "controller")
@@ -86,6 +85,8 @@ def _role_command(role: str) -> click.Command:
     @click.option("--burst", is_flag=True, help="Drain what is queued, then exit.")
     @click.option("--partitions", type=int, help="Number of input queues (BILLING_PARTITIONS).")
     def command(burst: bool, partitions: int | None) -> None:
+        from shared.messaging.runtime import run_role
+
         settings = resolve(partitions=partitions)
         asyncio.run(run_role(role, _factory(role), settings, burst=burst))
 
@@ -140,6 +141,10 @@ def submit(
     else:
         click.echo(f"batch {outcome.batch_id} submitted ({outcome.fmt}; {outcome.requests['total']} storage requests)")
     if wait:
+        from controller.store import Store  # SQLAlchemy, only now: the batch is already on its way
+
+        from . import progress
+
         with Store(settings.sql_url_value) as store:
             status = progress.wait_with_progress(store, outcome.batch_id, console=console, timeout=timeout)
         progress.print_summary(status)
@@ -153,6 +158,9 @@ def submit(
 def status(batch_id: str | None, as_json: bool) -> None:
     """Show one batch's state, or every batch, the running roles (dequeue tasks, storage requests,
     failover state per destination) and, with a secondary account, its backlog."""
+    from controller.store import Store
+    from shared.messaging.runtime import role_states
+
     settings = Settings()
     with Store(settings.sql_url_value) as store:
         found = [store.batch(batch_id)] if batch_id else store.batches()
@@ -182,6 +190,9 @@ def status(batch_id: str | None, as_json: bool) -> None:
 
 
 async def _backlog(settings: Settings) -> dict[str, int]:
+    from shared.messaging.storage import Storage
+    from shared.messaging.syphon import backlog_depths
+
     async with Storage(settings) as storage:
         return await backlog_depths(storage)
 
@@ -214,6 +225,7 @@ def report(
     in table, csv, json and parquet; html (one self-contained file, with charts) shows currency units."""
     from controller import reports  # pandas and the report writers: only for the commands that report
     from controller.queries import Filters
+    from controller.store import Store
 
     try:
         filters = Filters(accounts, products, currencies, batch_ids, start and start.date(), end and end.date(), period)
@@ -319,6 +331,8 @@ for _action, _verb in _POISON_ACTIONS:
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), required=True)
 def generate_command(rows: int, seed: int, fmt: str, out: Path) -> None:
     """Generate a sample batch file."""
+    from shared.rules.sample import generate
+
     generate(rows, out, seed=seed, fmt=fmt)
     click.echo(f"wrote {rows} rows to {out}")
 
@@ -327,6 +341,8 @@ def generate_command(rows: int, seed: int, fmt: str, out: Path) -> None:
 @click.option("--out-dir", type=click.Path(file_okay=False, path_type=Path), default=Path("."))
 def reference_command(out_dir: Path) -> None:
     """Write the sample price book and tax table (pricebook.csv, taxes.csv)."""
+    from shared.rules.sample import write_price_book, write_tax_table
+
     out_dir.mkdir(parents=True, exist_ok=True)
     write_price_book(out_dir / "pricebook.csv")
     write_tax_table(out_dir / "taxes.csv")

@@ -1,4 +1,4 @@
-"""The submitting side: hand a batch file over to the pipeline and, if asked, wait for it."""
+"""The submitting side: hand a batch file over to the pipeline (:mod:`billing.progress` waits for it)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,7 @@ import hashlib
 import io
 import logging
 import re
-import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -18,7 +17,6 @@ from typing import BinaryIO
 from azure.core.exceptions import ResourceExistsError
 from azure.storage.blob.aio import ContainerClient
 
-from controller.store import FINAL_STATES, BatchStatus, Store
 from shared import telemetry
 from shared.errors import FileRefused, InputError
 from shared.messaging.envelope import ClaimCheck, batch_blob
@@ -139,26 +137,6 @@ async def submit(
             await inbox.upload_blob(REQUESTED.format(batch_id), b"", overwrite=True)
             await _announce(settings, storage)
             return Submission(batch_id, fmt, duplicate=False, requests=storage.counter.snapshot())
-
-
-def wait_for(
-    store: Store,
-    batch_id: str,
-    *,
-    timeout: float | None = None,
-    on_progress: Callable[[BatchStatus | None], None] | None = None,
-) -> BatchStatus | None:
-    """Poll the store until the batch reaches a final state (or ``timeout`` passes)."""
-    deadline = None if timeout is None else time.monotonic() + timeout
-    while True:
-        status = store.batch(batch_id)
-        if on_progress is not None:
-            on_progress(status)
-        if status is not None and status.state in FINAL_STATES:
-            return status
-        if deadline is not None and time.monotonic() > deadline:
-            return status
-        time.sleep(0.1)
 
 
 async def _upload(inbox: ContainerClient, batch_id: str, path: Path, fmt: str) -> bool:

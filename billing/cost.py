@@ -21,7 +21,6 @@ from rich.console import Console
 from rich.table import Table
 
 from shared.errors import InputError
-from shared.messaging.runtime import role_states
 from shared.settings import Settings
 
 PRICES = Path(__file__).with_name("prices.toml")
@@ -131,6 +130,8 @@ def from_bench(path: Path, design: Design = "optimised") -> dict[str, float]:
 def measure_window(settings: Settings, seconds: float) -> dict[str, Any]:
     """Requests per hour made by the roles running under ``settings.home``: each role's counts
     between two of its state snapshots ``seconds`` apart, over the time between the snapshots."""
+    from shared.messaging.runtime import role_states  # the roles' runtime: only for this measure
+
     before = {state["pid"]: state for state in role_states(settings)}
     time.sleep(seconds)
     by_kind: dict[str, float] = {}

@@ -26,16 +26,13 @@ Row-level problems are not exceptions: rejected rows are data (a reason code per
 
 from __future__ import annotations
 
+import sys
+
 from azure.core.exceptions import (
     ClientAuthenticationError,
     HttpResponseError,
     ServiceRequestError,
     ServiceResponseError,
-)
-from azure.servicebus.exceptions import (
-    ServiceBusAuthenticationError,
-    ServiceBusAuthorizationError,
-    ServiceBusError,
 )
 
 #: HTTP statuses below 500 that still say "try again later": request timeout, too many requests.
@@ -81,8 +78,9 @@ def is_transient(exc: BaseException) -> bool:
     settings or credentials, refused requests and errors of unknown kind."""
     if isinstance(exc, BillingError):
         return isinstance(exc, InfrastructureError)
-    if isinstance(exc, ServiceBusError):
-        return not isinstance(exc, (ServiceBusAuthenticationError, ServiceBusAuthorizationError))
+    # The Service Bus SDK is loaded only where a bus is configured: if it is not, exc is none of its errors.
+    if (bus := sys.modules.get("azure.servicebus.exceptions")) is not None and isinstance(exc, bus.ServiceBusError):
+        return not isinstance(exc, (bus.ServiceBusAuthenticationError, bus.ServiceBusAuthorizationError))
     if isinstance(exc, ClientAuthenticationError):
         return False
     if isinstance(exc, HttpResponseError) and exc.status_code is not None:

@@ -46,7 +46,7 @@ class Settings(BaseSettings):
     reference_container: str = "billing-reference"
 
     # Work items.
-    work_item_size: int = Field(default=3000, ge=1, le=100_000)  # at most; fewer when they would not fit a message
+    work_item_size: int = Field(default=4500, ge=1, le=100_000)  # at most; fewer when they would not fit a message
     max_message_bytes: int = Field(default=64 * 1024, ge=1024)
     max_file_bytes: int = Field(default=50 * 1024**3, ge=1)  # a batch file larger than this is refused
     # A complete batch's claim-check blobs are deleted this long after it completed (the controller

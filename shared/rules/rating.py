@@ -23,6 +23,9 @@ PEAK_START_US = 8 * 3600 * MICRO
 PEAK_END_US = 20 * 3600 * MICRO - 1
 MAX_QUANTITY_MICRO = 1_000_000_000 * MICRO
 _MONEY = pa.decimal128(38, 0)
+#: The columns of accepted transactions that rating reads: all a work item needs to carry (the ids
+#: and row numbers stay with the initiator, which decides duplicates and rejects).
+RATED_COLUMNS = ("account_id", "timestamp_us", "product", "quantity_micro", "region")
 
 
 def rate(accepted: pa.Table, price_book: PriceBook, tax_table: TaxTable) -> pd.DataFrame:

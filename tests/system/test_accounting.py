@@ -12,7 +12,7 @@ from pathlib import Path
 
 from pydantic import SecretStr
 
-from billing import client
+from billing import client, progress
 from controller.store import Store
 from shared.messaging.storage import request_kind
 from shared.rules.sample import generate
@@ -44,7 +44,7 @@ def test_counted_requests_equal_what_azurite_received(settings_env: Settings, ro
         with roles.running(settings):
             submission = asyncio.run(client.submit(settings, batch, batch_id="counted"))
             with Store(settings.sql_url_value) as store:
-                status = client.wait_for(store, "counted", timeout=120)
+                status = progress.wait_for(store, "counted", timeout=120)
             time.sleep(2.5)  # a state refresh after the last request
             live = json.loads(billing("status", "--json").stdout)
         assert status is not None and status.state == "complete"

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from pydantic import SecretStr
 
-from billing import client
+from billing import client, progress
 from controller.store import BatchStatus, Store
 from shared.rules.sample import generate
 from shared.settings import Settings
@@ -67,7 +67,7 @@ def run_batch(
     with roles.running(settings), Store(settings.sql_url_value) as store:
         asyncio.run(client.submit(settings, batch, batch_id=BATCH))
         during(store)
-        status = client.wait_for(store, BATCH, timeout=180)
+        status = progress.wait_for(store, BATCH, timeout=180)
     return roles.returncodes, status
 
 
@@ -144,6 +144,6 @@ def test_roles_started_during_an_outage_wait_for_storage(settings_env: Settings,
             assert roles.returncodes == [None, None, None], "no role gave up"
             proxy.restore()
             asyncio.run(client.submit(settings, batch, batch_id=BATCH))
-            status = client.wait_for(store, BATCH, timeout=180)
+            status = progress.wait_for(store, BATCH, timeout=180)
     assert roles.returncodes == [0, 0, 0]
     assert_exact(batch, status)

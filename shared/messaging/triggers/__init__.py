@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import TYPE_CHECKING, Any
 
 from pydantic import SecretStr
 
@@ -16,7 +17,9 @@ from ..storage import Storage
 from .base import TriggerBus, TriggerEvent, TriggerHandler
 from .local import LocalTriggerBus
 from .paired import PairedTriggerBus
-from .servicebus import ServiceBusTriggerBus
+
+if TYPE_CHECKING:
+    from .servicebus import ServiceBusTriggerBus
 
 
 def trigger_bus(settings: Settings, storage: Storage) -> TriggerBus | None:
@@ -40,6 +43,8 @@ def trigger_bus(settings: Settings, storage: Storage) -> TriggerBus | None:
 def _servicebus(
     settings: Settings, storage: Storage, connection: SecretStr | None, namespace: str | None
 ) -> ServiceBusTriggerBus:
+    from .servicebus import ServiceBusTriggerBus
+
     return ServiceBusTriggerBus(
         connection_string=connection.get_secret_value() if connection else None,
         namespace=None if connection else namespace,
@@ -49,6 +54,16 @@ def _servicebus(
         auto_delete_on_idle=timedelta(seconds=settings.trigger_auto_delete_on_idle),
         counter=storage.counter,
     )
+
+
+def __getattr__(name: str) -> Any:
+    """``ServiceBusTriggerBus`` on first use: the Service Bus SDK loads only where a bus is used
+    (``billing submit`` starts ~0.2 s sooner without it)."""
+    if name == "ServiceBusTriggerBus":
+        from .servicebus import ServiceBusTriggerBus
+
+        return ServiceBusTriggerBus
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 __all__ = [

@@ -12,12 +12,15 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
 
 from azure.core.exceptions import AzureError
 
 from ..failover import Health, Route
 from .base import TriggerBus, TriggerEvent, TriggerHandler
-from .servicebus import ServiceBusTriggerBus
+
+if TYPE_CHECKING:
+    from .servicebus import ServiceBusTriggerBus
 
 _LOGGER = logging.getLogger(__name__)
 
