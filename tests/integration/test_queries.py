@@ -41,9 +41,19 @@ def _load_reference_batch(store: Store, batch_id: str, path: Path, *, items: int
     """Record the reference model's aggregates of ``path`` as batch ``batch_id`` in ``items`` work items (only
     the first ``recorded`` of them: the batch stays processing); the model's invoices."""
     aggregates, invoices, _ = expected(read_raw(path))
-    rows = [partial(r["account_id"], product=r["product"], day=r["billing_day"], currency=r["currency"],
-                    transactions=r["transactions"], quantity=r["quantity"], net=r["net"], tax=r["tax"])
-            for r in aggregates]  # fmt: skip
+    rows = [
+        partial(
+            r["account_id"],
+            product=r["product"],
+            day=r["billing_day"],
+            currency=r["currency"],
+            transactions=r["transactions"],
+            quantity=r["quantity"],
+            net=r["net"],
+            tax=r["tax"],
+        )
+        for r in aggregates
+    ]
     chunks = [rows[i::items] for i in range(items)]
     results = [result(f"{batch_id}:{i}", *chunk, batch_id=batch_id) for i, chunk in enumerate(chunks)]
     accepted = sum(r["transactions"] for r in aggregates)
@@ -84,8 +94,9 @@ def test_period_invoices_sum_every_complete_batch_and_name_the_others(store: Sto
     assert {batch for row in found.rows for batch in row["batches"]} == {"march-1", "march-2", "march-3"}
 
     per_batch = queries.invoices(store, Filters(batches=("march-2",)))
-    assert {(r["account_id"], r["billing_period"], r["currency"]): (r["net"], r["tax"], r["total"])
-            for r in per_batch.rows} == _summed(expected_invoices[1])  # fmt: skip
+    assert {
+        (r["account_id"], r["billing_period"], r["currency"]): (r["net"], r["tax"], r["total"]) for r in per_batch.rows
+    } == _summed(expected_invoices[1])
     named = queries.invoices(store, Filters(batches=("slow",)))  # a batch named counts whatever its state
     assert [(b.batch_id, b.state) for b in named.batches] == [("slow", "processing")] and named.rows
     assert queries.invoices(store, Filters(period="2026-04")).rows == []
@@ -145,18 +156,40 @@ def _billing(sql_url: str, tmp_path: Path, *args: str) -> subprocess.CompletedPr
 def test_billing_report_filters_and_html(store: Store, sql_url: str, tmp_path: Path) -> None:
     fill(store)
 
-    done = _billing(sql_url, tmp_path, "report", "invoices", "--period", "2026-03", "--account", "acct-1",
-                    "--format", "json")  # fmt: skip
+    done = _billing(
+        sql_url, tmp_path, "report", "invoices", "--period", "2026-03", "--account", "acct-1", "--format", "json"
+    )
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout) == [
-        {"account_id": "acct-1", "billing_period": "2026-03", "currency": "USD", "net": 2 * BIG + 50, "tax": 8,
-         "total": 2 * BIG + 58, "batches": "b1 b2"}
-    ]  # fmt: skip
+        {
+            "account_id": "acct-1",
+            "billing_period": "2026-03",
+            "currency": "USD",
+            "net": 2 * BIG + 50,
+            "tax": 8,
+            "total": 2 * BIG + 58,
+            "batches": "b1 b2",
+        }
+    ]
     assert "batches included: b1, b2" in done.stderr and "batch excluded (processing): b3" in done.stderr
 
     out = tmp_path / "report.html"
-    done = _billing(sql_url, tmp_path, "report", "aggregates", "--from", "2026-03-01", "--to", "2026-03-31",
-                    "--product", "CPU", "--format", "html", "--output", str(out))  # fmt: skip
+    done = _billing(
+        sql_url,
+        tmp_path,
+        "report",
+        "aggregates",
+        "--from",
+        "2026-03-01",
+        "--to",
+        "2026-03-31",
+        "--product",
+        "CPU",
+        "--format",
+        "html",
+        "--output",
+        str(out),
+    )
     assert done.returncode == 0, done.stderr
     html = out.read_text()
     assert "180,000,000,000,000,000.00 USD" in html and "1,234 JPY" in html and "<svg" in html
@@ -164,8 +197,12 @@ def test_billing_report_filters_and_html(store: Store, sql_url: str, tmp_path: P
     assert "<script" not in html
 
     rejects = tmp_path / "rejects.html"
-    assert _billing(sql_url, tmp_path, "report", "rejects", "--batch", "evil", "--format", "html",
-                    "--output", str(rejects)).returncode == 0  # fmt: skip
+    assert (
+        _billing(
+            sql_url, tmp_path, "report", "rejects", "--batch", "evil", "--format", "html", "--output", str(rejects)
+        ).returncode
+        == 0
+    )
     assert "&lt;script&gt;document.title" in rejects.read_text() and "<script" not in rejects.read_text()
     assert "<img" not in rejects.read_text() and list(reports.rejects(store, "evil")["raw"]) == [HOSTILE]
 
@@ -184,10 +221,26 @@ def test_query_benchmark_runs_at_a_small_size(postgres_url: str, tmp_path: Path)
         url = sa.make_url(postgres_url).set(database=name).render_as_string(hide_password=False)
         output = tmp_path / "bench.json"
         done = subprocess.run(
-            [sys.executable, "-m", "benchmarks.queries", "--sql-url", url, "--rows", "20000", "--accounts", "50",
-             "--repeat", "5", "--output", str(output)],
-            capture_output=True, text=True, timeout=300, check=False,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "benchmarks.queries",
+                "--sql-url",
+                url,
+                "--rows",
+                "20000",
+                "--accounts",
+                "50",
+                "--repeat",
+                "5",
+                "--output",
+                str(output),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
         assert done.returncode == 0, done.stderr
         measured = json.loads(output.read_text())
         assert measured["rows"] == 20000 and measured["median_ms"] > 0

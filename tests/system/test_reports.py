@@ -44,7 +44,17 @@ def test_period_invoices_over_three_batches_equal_the_reference(
 
     one = got[0]
     html = tmp_path / "march.html"
-    billing("report", "invoices", "--period", "2026-03", "--account", one["account_id"], "--format", "html",
-            "--output", str(html))  # fmt: skip
+    billing(
+        "report",
+        "invoices",
+        "--period",
+        "2026-03",
+        "--account",
+        one["account_id"],
+        "--format",
+        "html",
+        "--output",
+        str(html),
+    )
     page = html.read_text()
     assert money(one["total"], one["currency"]) in page and "<svg" in page and f">{one['account_id']}<" in page
