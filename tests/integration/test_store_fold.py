@@ -11,6 +11,7 @@ from decimal import Decimal, localcontext
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pytest
 import sqlalchemy as sa
 from alembic import command
@@ -337,6 +338,10 @@ def test_the_fold_cache_keeps_recent_unsettled_batches_within_its_bound(tmp_path
         assert cache.stored(conn, "d", ("t-d", 1)) is tables["d"]
         cache.drop(["d"])
         assert cache.stored(conn, "d", ("t-d", 1)).num_rows == 0
+
+        cache.committed({"d": rows["d"]}, {"d": pa.concat_tables([tables["d"]] * 3)})  # beyond the bound alone
+        assert cache.stored(conn, "d", ("t-d", 1)).num_rows == 0
+        assert cache.stored(conn, "a", ("t-a", 1)) is tables["a"]  # and nothing else went for it
 
 
 def test_migration_0006_adds_to_aggregates_stored_before_it(sql_url: str) -> None:
