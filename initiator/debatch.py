@@ -20,9 +20,12 @@ from shared.rules.reference import PriceBook, TaxTable
 from shared.rules.schemas import REJECT_SCHEMA
 from shared.rules.validation import TransactionIdSet, validate
 
-#: Accepted rows of a chunk go out in the order of the aggregate key (account, product, billing day), so
-#: each work item covers few keys: half the partial aggregates to rate, send and fold (measured on the
-#: sample 1M-row file: 475,000 partial rows instead of 911,000), for 16 % more work item bytes.
+#: Accepted rows go out in the order of the aggregate key (account, product, billing day) within windows of
+#: the file, so that each work item covers few keys: fewer partial aggregates to rate, send and fold.
+#: Measured on the sample 1M-row file: 911,000 partial rows in file order, 475,000 sorted by chunk of 50,000
+#: rows, 182,000 by window of 200,000. The first window is the first chunk, so rating starts as soon; each
+#: next one is twice the last, up to ``WINDOW_ROWS`` (~20 MB of accepted rows held).
+WINDOW_ROWS = 200_000
 _AGGREGATE_ORDER = [("account_id", "ascending"), ("product", "ascending"), ("timestamp_us", "ascending")]
 
 
@@ -52,31 +55,34 @@ class Debatch:
         return pa.concat_tables(self._rejects).cast(REJECT_SCHEMA) if self._rejects else REJECT_SCHEMA.empty_table()
 
     def items(self, source: BinaryIO, fmt: str) -> Iterator[tuple[int, bytes]]:
-        """Yield ``(transactions, encoded transactions)`` per work item, in file order."""
+        """Yield ``(transactions, encoded transactions)`` per work item, window after window of the file."""
         seen = TransactionIdSet()
-        pending: list[pa.Table] = []
-        pending_rows = 0
+        window: list[pa.Table] = []
+        window_rows, limit = 0, 1
         for chunk in read_chunks(source, fmt):
             self.rows += chunk.num_rows
             good, bad = validate(chunk, self._price_book, self._tax_table, seen)
             if bad.num_rows:
                 self._rejects.append(bad)
-            if not good.num_rows:
-                continue
             self.accepted += good.num_rows
-            pending.append(good.sort_by(_AGGREGATE_ORDER))
-            pending_rows += good.num_rows
-            while pending_rows >= (size := self._item_rows):
-                table = pa.concat_tables(pending)
-                rest = table.slice(size)
-                pending, pending_rows = [rest], rest.num_rows
-                yield self._cut(table.slice(0, size))
-        if pending_rows:
-            yield self._cut(pa.concat_tables(pending))
+            window.append(good.select(RATED_COLUMNS))
+            window_rows += good.num_rows
+            if window_rows >= limit:
+                yield from self._cut(window)
+                window, window_rows, limit = [], 0, min(2 * window_rows, WINDOW_ROWS)
+        if window_rows:
+            yield from self._cut(window)
 
-    def _cut(self, item: pa.Table) -> tuple[int, bytes]:
-        encoded = encode_table(item.select(RATED_COLUMNS).combine_chunks())
-        self.work_items += 1
-        if len(encoded) > self._inline_bytes and item.num_rows > 1:
-            self._item_rows = max(1, min(self._item_rows, int(item.num_rows * self._inline_bytes * 0.9 / len(encoded))))
-        return item.num_rows, encoded
+    def _cut(self, window: list[pa.Table]) -> Iterator[tuple[int, bytes]]:
+        """The window's rows in aggregate-key order as work items."""
+        table = pa.concat_tables(window).sort_by(_AGGREGATE_ORDER)
+        start = 0
+        while start < table.num_rows:
+            item = table.slice(start, self._item_rows)
+            start += item.num_rows
+            encoded = encode_table(item.combine_chunks())
+            self.work_items += 1
+            if len(encoded) > self._inline_bytes and item.num_rows > 1:
+                rows = int(item.num_rows * self._inline_bytes * 0.9 / len(encoded))
+                self._item_rows = max(1, min(self._item_rows, rows))
+            yield item.num_rows, encoded
