@@ -120,8 +120,8 @@ def run_pipeline(
     batches: int = 1,
 ) -> PipelineRun:
     """Generate (or reuse) ``batches`` CSV files of ``rows`` rows in all and time them through a fresh
-    local pipeline, submitted as a user does: ``billing submit FILE --wait``, one process per file,
-    all at once, timed from the first start to the last exit."""
+    local pipeline, submitted as a user does: one ``billing submit FILE... --wait`` for all of them,
+    timed from its start to its exit."""
     files = [_batch_file(rows // batches, data_dir, console, seed=42 + number) for number in range(batches)]
     with tempfile.TemporaryDirectory(prefix="billing-bench-") as scratch:
         home = Path(scratch)
@@ -198,43 +198,27 @@ class _Waited:
 
 
 def _submit_and_wait(settings: Settings, files: list[Path], data_dir: Path) -> _Waited:
-    """Run ``billing submit FILE --wait`` for every file at once, each in its own process."""
+    """Run ``billing submit FILE... --wait`` for every file at once, as a user submits them together."""
     references = ["--pricebook", str(data_dir / "pricebook.csv"), "--taxes", str(data_dir / "taxes.csv")]
     env = {**os.environ, **settings.as_env()}
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started, clock = datetime.now(UTC), time.monotonic()
-    clients = [
-        subprocess.Popen(
-            [sys.executable, "-m", "billing", "submit", str(path), "--wait", *references],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for path in files
-    ]
-    outputs = [client.communicate() for client in clients]
+    command = [sys.executable, "-m", "billing", "submit", *map(str, files), "--wait", *references]
+    waited = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
     seconds = time.monotonic() - clock
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    for client, (_, stderr) in zip(clients, outputs, strict=True):
-        if client.returncode != 0:
-            raise RuntimeError(f"billing submit --wait failed ({client.returncode}): {stderr[-2000:]}")
-    printed = [stdout for stdout, _ in outputs]
-    requests = [re.search(r"; (\d+) storage requests\)", stdout) for stdout in printed]
+    if waited.returncode != 0:
+        raise RuntimeError(f"billing submit --wait failed ({waited.returncode}): {waited.stderr[-2000:]}")
+    submitted = re.findall(r"^batch (\S+) submitted \(\w+; (\d+) storage requests\)", waited.stdout, re.MULTILINE)
+    if len(submitted) != len(files):
+        raise RuntimeError(f"billing submit printed {len(submitted)} batch ids for {len(files)} files: {waited.stdout}")
     return _Waited(
         started=started,
         seconds=seconds,
-        batch_ids=[_batch_id(stdout) for stdout in printed],
+        batch_ids=[batch_id for batch_id, _ in submitted],
         cpu_seconds=after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime,
-        requests=sum(int(found.group(1)) for found in requests if found),
+        requests=sum(int(requests) for _, requests in submitted),
     )
-
-
-def _batch_id(printed: str) -> str:
-    found = re.search(r"^batch (\S+) submitted", printed, re.MULTILINE)
-    if found is None:
-        raise RuntimeError(f"billing submit printed no batch id: {printed[-2000:]}")
-    return found.group(1)
 
 
 def _phases(status: BatchStatus, submitted: datetime) -> dict[str, float]:

@@ -14,7 +14,7 @@ from dataclasses import asdict
 from datetime import datetime
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import click
 from rich.console import Console
@@ -124,33 +124,66 @@ def autoscale(
 
 
 @cli.command()
-@click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
-@click.option("--batch-id", help="Batch id (default: SHA-256 of the file).")
+@click.argument("files", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--batch-id", help="Batch id (default: SHA-256 of the file); with one file only.")
 @click.option("--pricebook", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("--taxes", type=click.Path(exists=True, dir_okay=False, path_type=Path))
-@click.option("--wait", is_flag=True, help="Block until the batch is complete and print its summary.")
+@click.option("--wait", is_flag=True, help="Block until the batches are complete and print their summaries.")
 @click.option("--timeout", type=float, help="With --wait: give up after this many seconds.")
 def submit(
-    file: Path, batch_id: str | None, pricebook: Path | None, taxes: Path | None, wait: bool, timeout: float | None
+    files: tuple[Path, ...],
+    batch_id: str | None,
+    pricebook: Path | None,
+    taxes: Path | None,
+    wait: bool,
+    timeout: float | None,
 ) -> None:
-    """Submit one batch file (CSV, JSON Lines or Parquet)."""
+    """Submit batch files (CSV, JSON Lines or Parquet), each a batch of its own, all at once.
+
+    A file refused is reported on a line of its own (exit status 2 at the end); the others go on."""
+    if batch_id is not None and len(files) > 1:
+        raise click.UsageError("--batch-id names one batch: give it with one file")
     settings = resolve()
-    with telemetry.running("client"):  # exported when configured: the root span of the batch's trace
-        outcome = asyncio.run(client.submit(settings, file, batch_id=batch_id, pricebook=pricebook, taxes=taxes))
-    if outcome.duplicate:
-        click.echo(f"batch {outcome.batch_id} was already submitted; nothing changed")
-    else:
-        click.echo(f"batch {outcome.batch_id} submitted ({outcome.fmt}; {outcome.requests['total']} storage requests)")
-    if wait:
-        from controller.store import Store  # SQLAlchemy, only now: the batch is already on its way
+    with telemetry.running("client"):  # exported when configured: the root span of each batch's trace
+        outcomes = asyncio.run(_submit_all(settings, files, batch_id=batch_id, pricebook=pricebook, taxes=taxes))
+    submitted: list[str] = []  # and those submitted before: --wait waits for them too
+    for file, outcome in zip(files, outcomes, strict=True):
+        if isinstance(outcome, BillingError):
+            console.print("[red]error:[/red]", escape(f"{file.name}: {redact(str(outcome))}"), soft_wrap=True)
+            continue
+        if outcome.duplicate:
+            click.echo(f"batch {outcome.batch_id} was already submitted; nothing changed")
+        else:
+            requests = outcome.requests["total"]
+            click.echo(f"batch {outcome.batch_id} submitted ({outcome.fmt}; {requests} storage requests)")
+        submitted.append(outcome.batch_id)
+    incomplete = False
+    if wait and submitted:
+        from controller.store import Store  # SQLAlchemy, only now: the batches are already on their way
 
         from . import progress
 
         with Store(settings.sql_url_value) as store:
-            status = progress.wait_with_progress(store, outcome.batch_id, console=console, timeout=timeout)
-        progress.print_summary(status)
-        if status.state not in ("complete",):
-            sys.exit(1)
+            statuses = progress.wait_with_progress(store, submitted, console=console, timeout=timeout)
+        for status in statuses:
+            progress.print_summary(status)
+        incomplete = any(status.state != "complete" for status in statuses)
+    if len(submitted) < len(files):
+        sys.exit(2)
+    if incomplete:
+        sys.exit(1)
+
+
+async def _submit_all(
+    settings: Settings, files: tuple[Path, ...], **options: Any
+) -> list[client.Submission | BillingError]:
+    """Every file's submission at once: its outcome, or why it was refused (anything else is raised)."""
+    submissions = (client.submit(settings, file, **options) for file in files)
+    outcomes = await asyncio.gather(*submissions, return_exceptions=True)
+    for outcome in outcomes:
+        if isinstance(outcome, BaseException) and not isinstance(outcome, BillingError):
+            raise outcome
+    return cast("list[client.Submission | BillingError]", outcomes)
 
 
 @cli.command()

@@ -77,7 +77,7 @@ def run(*, rows: int, seed: int, console: Console) -> None:
         )
         console.print(f"submitted batch [bold]{submission.batch_id}[/bold]; roles log to {settings.home / 'logs'}")
         with Store(settings.sql_url_value) as store:
-            status = progress.wait_with_progress(store, submission.batch_id, console=console)
+            (status,) = progress.wait_with_progress(store, [submission.batch_id], console=console)
             invoices = reports.invoices(store, submission.batch_id)
             aggregates = reports.aggregates(store, submission.batch_id)
         elapsed = time.monotonic() - started

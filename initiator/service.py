@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import io
 import itertools
 import logging
@@ -50,6 +51,19 @@ log = logging.getLogger(__name__)
 #: Room a work item's headers take in its message (ids, reference hashes, checksum), as JSON.
 WORK_HEADER_BYTES = 1024
 
+#: glibc's malloc serves allocations from this size on by mmap, handed back whole when freed. Left to its
+#: sliding threshold, the duplicate check's runs (up to 16 MiB, reallocated with every chunk) fragment the
+#: heap: peak RSS at 10,000,000 rows measured 593 MiB without, 485 MiB with.
+MMAP_THRESHOLD = 1 << 20
+_M_MMAP_THRESHOLD = -3  # mallopt's parameter number, <malloc.h>
+
+
+def _map_large_allocations() -> None:
+    """Have glibc map large allocations of this process (nothing elsewhere: other C libraries manage
+    their own)."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)
+
 
 @dataclass
 class _Phases:
@@ -73,6 +87,7 @@ class Initiator(Service):
         self, *, storage: Storage, settings: Settings, triggers: TriggerBus | None = None, burst: bool = False
     ) -> None:
         super().__init__(storage=storage, settings=settings, triggers=triggers, burst=burst)
+        _map_large_allocations()
         self.claim_check = ClaimCheck(storage, container=settings.work_container, limit=settings.max_message_bytes)
         self.references = ReferenceStore(storage, container=settings.reference_container)
         self._sends = asyncio.Semaphore(settings.max_concurrent_sends)

@@ -104,6 +104,22 @@ def test_batches_in_every_format_come_out_exact(pipeline_env: Settings, roles: R
         assert all(int(item.rsplit(":", 1)[1]) < 3 for *_, item in work_blobs), "later items were cut to fit"
 
 
+@pytest.mark.parametrize("pipeline_env", [pytest.param(INLINE, id="inline-work-items")], indirect=True)
+def test_files_submitted_together_are_waited_for_together(pipeline_env: Settings, roles: Roles, tmp_path: Path) -> None:
+    paths = [tmp_path / f"batch-{seed}.csv" for seed in (21, 22)]
+    for seed, path in enumerate(paths, start=21):
+        generate(ROWS, path, seed=seed, reject_rate=0.02)
+    with roles.running(pipeline_env):
+        done = billing("submit", *map(str, paths), "--wait")  # exits non-zero unless both are complete
+    batch_ids = re.findall(r"^batch (\S+) submitted", done.stdout, re.MULTILINE)
+    assert len(batch_ids) == 2 and done.stdout.count("state: complete") == 2
+    for batch_id, path in zip(batch_ids, paths, strict=True):
+        aggregates, invoices, _ = expected(read_raw(path))
+        got = [{**record, "quantity": Decimal(record["quantity"])} for record in report("aggregates", batch_id)]
+        assert sorted_records(got) == aggregates
+        assert sorted_records(report("invoices", batch_id)) == invoices
+
+
 @pytest.mark.parametrize("pipeline_env", [pytest.param(CLAIM_CHECKED, id="claim-checked-work-items")], indirect=True)
 def test_a_complete_batch_loses_its_claim_checks_after_the_retention(
     pipeline_env: Settings, roles: Roles, tmp_path: Path, monkeypatch: pytest.MonkeyPatch

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import io
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -63,6 +64,22 @@ def test_unreadable_file_is_refused_and_nothing_is_enqueued(
     assert message.lower() in result.stderr.lower()
     assert "Traceback" not in result.stderr
     assert asyncio.run(_queued_and_inbox(settings_env)) == (0, 0)
+
+
+def test_a_refused_file_among_several_is_reported_and_the_others_go_on(
+    settings_env: Settings, tmp_path: Path, product: str
+) -> None:
+    good, bad = tmp_path / "good.csv", tmp_path / "bad.csv"
+    good.write_text(HEADER + GOOD_ROW.format(product=product))
+    bad.write_bytes(b"transaction_id,account_id,timestamp,quantity\nt1,a,2026-03-02T09:15:00Z,1\n")
+    result = billing("submit", str(bad), str(good))
+    assert result.returncode == 2
+    assert "bad.csv" in result.stderr and "product" in result.stderr and "good.csv" not in result.stderr
+    assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1
+    assert re.search(r"^batch \S+ submitted", result.stdout, re.MULTILINE)
+    assert asyncio.run(_queued_and_inbox(settings_env)) == (1, 1)
+    named = billing("submit", str(good), str(good), "--batch-id", "one")
+    assert named.returncode == 2 and "--batch-id" in named.stderr
 
 
 def test_a_file_over_the_size_limit_is_refused_before_it_is_read(
