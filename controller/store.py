@@ -33,8 +33,6 @@ from typing import Any, Self, TypeVar
 import pyarrow as pa
 import pyarrow.compute as pc
 import sqlalchemy as sa
-from alembic import command
-from alembic.config import Config
 from azure.core.credentials import TokenCredential
 from sqlalchemy.dialects import postgresql, sqlite
 
@@ -45,6 +43,9 @@ from shared.rules.schemas import PARTIAL_SCHEMA
 from .schema import EXACT, aggregates, batches, rejects, work_items
 
 MIGRATIONS = Path(__file__).with_name("migrations")
+#: The newest migration's revision (a test checks it is Alembic's head): a store already there opens
+#: without loading Alembic (0.25 CPU s of every `billing submit --wait` and role start).
+SCHEMA_REVISION = "0006"
 #: Azure Database for PostgreSQL server names; their Microsoft Entra login takes a token for this scope.
 AZURE_POSTGRES = ".postgres.database.azure.com"
 ENTRA_POSTGRES_SCOPE = "https://ossrdbms-aad.database.windows.net/.default"
@@ -233,6 +234,11 @@ class Store:
 
     def migrate(self) -> None:
         """Upgrade the schema to Alembic ``head``; a no-op when current, safe when run by several processes."""
+        if self.revision() == SCHEMA_REVISION:
+            return
+        from alembic import command
+        from alembic.config import Config
+
         config = Config()
         config.set_main_option("script_location", str(MIGRATIONS))
         config.set_main_option("sqlalchemy.url", self.url.render_as_string(hide_password=False).replace("%", "%%"))
@@ -241,6 +247,18 @@ class Store:
                 conn.execute(sa.select(sa.func.pg_advisory_xact_lock(_MIGRATION_LOCK)))
             config.attributes["connection"] = conn
             command.upgrade(config, "head")
+
+    def revision(self) -> str | None:
+        """The schema revision the database is at (None before the first migration)."""
+        try:
+            with self._engine.connect() as conn:
+                return conn.execute(sa.text("SELECT version_num FROM alembic_version")).scalar_one_or_none()
+        except sa.exc.ProgrammingError:  # PostgreSQL: no such table yet
+            return None
+        except sa.exc.OperationalError as exc:
+            if "no such table" in str(exc):  # SQLite
+                return None
+            raise InfrastructureError(f"SQL store unavailable: {exc}") from exc
 
     def ping(self) -> None:
         """One round trip to the database (raises when it cannot be reached)."""

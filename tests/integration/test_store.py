@@ -5,6 +5,8 @@ from __future__ import annotations
 import csv
 import io
 import json
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta, timezone
@@ -18,7 +20,7 @@ import sqlalchemy as sa
 from alembic.script import ScriptDirectory
 
 from controller import reports
-from controller.store import MIGRATIONS, Store
+from controller.store import MIGRATIONS, SCHEMA_REVISION, Store
 from shared.protocol import PoisonNotice
 from support.records import manifest, partial, result
 
@@ -327,3 +329,12 @@ def test_migrations_are_idempotent_and_safe_concurrently(sql_url: str) -> None:
             head = ScriptDirectory(str(MIGRATIONS)).get_current_head()
             assert conn.execute(sa.text("SELECT version_num FROM alembic_version")).scalars().all() == [head]
         assert set(sa.inspect(store.engine).get_table_names()) >= {"batches", "work_items", "aggregates", "rejects"}
+
+
+def test_a_store_at_the_newest_revision_opens_without_alembic(sql_url: str) -> None:
+    assert ScriptDirectory(str(MIGRATIONS)).get_current_head() == SCHEMA_REVISION
+    Store(sql_url).close()  # migrated
+    opened = "import sys; from controller.store import Store; Store(sys.argv[1]).close()"
+    opened += "; print('alembic' in sys.modules)"
+    result = subprocess.run([sys.executable, "-c", opened, sql_url], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "False"
