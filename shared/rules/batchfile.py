@@ -12,7 +12,10 @@ Format decisions:
   whitespace; a required column missing, or any of ``RAW_COLUMNS`` named twice, refuses the file.
   Strictly empty lines are not rows; cells beyond the header are ignored; a short row's absent
   cells are null. Python's ``csv`` module in strict mode decides what malformed quoting is (a stray
-  quote inside an unquoted field, ``a,b"c``, is accepted as a literal quote, as that module does).
+  quote inside an unquoted field, ``a,b"c``, is accepted as a literal quote, as that module does);
+  runs of lines with no quote and no carriage return are parsed by pyarrow where that gives exactly
+  the same rows, the rest by that module. A file is refused for its first problem in file order
+  (an invalid UTF-8 byte: naming its line).
 * JSON Lines: there is no header, so an absent required key is just a missing field of that row.
   A JSON number keeps its literal text (``1.50`` stays ``"1.50"``, ``1e3`` stays ``"1e3"``). A
   boolean, array, object or non-standard constant (``NaN``) is present but invalid: it is stored as
@@ -29,6 +32,7 @@ propagate unchanged: they are transient, not a property of the file.
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import csv
 import io
@@ -36,15 +40,19 @@ import itertools
 import json
 import shutil
 import tempfile
-from collections.abc import Iterator, Sequence
-from typing import Any, BinaryIO, cast
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
 from ..errors import FileRefused
+
+if TYPE_CHECKING:
+    import _csv
 
 FORMATS = ("csv", "jsonl", "parquet")
 RAW_COLUMNS = ("transaction_id", "account_id", "timestamp", "product", "quantity", "region")
@@ -54,7 +62,9 @@ RAW_SCHEMA = pa.schema([(name, pa.string()) for name in RAW_COLUMNS] + [("row", 
 INVALID_SENTINEL = "\x00"
 
 _EXTENSIONS = {".csv": "csv", ".jsonl": "jsonl", ".ndjson": "jsonl", ".parquet": "parquet"}
-_CSV_BLOCK_ROWS = 8192
+_CSV_BATCH_ROWS = 8192  # records csv reads at a time
+_CSV_PARSE = pacsv.ParseOptions(quote_char=False, ignore_empty_lines=True)
+_CSV_CONVERT = {"null_values": [], "strings_can_be_null": False, "check_utf8": False}  # decoded already
 
 
 def detect_format(name: str, head: bytes) -> str:
@@ -71,19 +81,27 @@ def detect_format(name: str, head: bytes) -> str:
 
 
 def read_chunks(
-    source: BinaryIO, fmt: str, *, chunk_rows: int = 50_000, max_row_bytes: int = 64 * 1024
+    source: BinaryIO,
+    fmt: str,
+    *,
+    chunk_rows: int = 50_000,
+    max_row_bytes: int = 64 * 1024,
+    csv_fast: bool = True,
+    csv_block_bytes: int = 1 << 20,
 ) -> Iterator[pa.Table]:
     """Yield the rows of a batch file as ``RAW_SCHEMA`` tables of at most ``chunk_rows`` rows.
 
     ``row`` numbers the data rows from 1, contiguously across chunks. Raises :class:`FileRefused`
-    when the file cannot be read (possibly after earlier chunks were yielded).
+    when the file cannot be read (possibly after earlier chunks were yielded). A CSV file is read in
+    blocks of about ``csv_block_bytes``; ``csv_fast=False`` reads it with Python's csv module alone
+    (the same tables and refusals, slower).
     """
     if fmt not in FORMATS:
         raise ValueError(f"unknown batch format {fmt!r}; expected one of {', '.join(FORMATS)}")
     if chunk_rows < 1:
         raise ValueError("chunk_rows must be positive")
     if fmt == "csv":
-        return _read_csv(source, chunk_rows, max_row_bytes)
+        return _read_csv(source, chunk_rows, max_row_bytes, fast=csv_fast, block_bytes=csv_block_bytes)
     if fmt == "jsonl":
         return _read_jsonl(source, chunk_rows, max_row_bytes)
     return _read_parquet(source, chunk_rows)
@@ -92,98 +110,313 @@ def read_chunks(
 # --- CSV -------------------------------------------------------------------------------------------
 
 
-def _read_csv(source: BinaryIO, chunk_rows: int, max_row_bytes: int) -> Iterator[pa.Table]:
-    if csv.field_size_limit() < max_row_bytes:
-        csv.field_size_limit(max_row_bytes)
-    text = io.TextIOWrapper(source, encoding="utf-8-sig", errors="strict", newline="")
-    reader = csv.reader(text, strict=True)
-    done = 0  # data rows yielded so far
-    try:
-        header = next((cells for cells in reader if cells), None)
+class _BadByte(Exception):
+    """A byte that is not UTF-8, on a 1-based physical line of the file."""
+
+    def __init__(self, byte: int, line: int) -> None:
+        super().__init__(byte, line)
+        self.byte = byte
+        self.line = line
+
+
+class _CsvReader:
+    """The data rows of one CSV file as ``RAW_SCHEMA`` chunks (see :func:`_read_csv`)."""
+
+    def __init__(self, source: BinaryIO, chunk_rows: int, max_row_bytes: int, fast: bool, block_bytes: int) -> None:
+        self._text = _CsvText(source, block_bytes)
+        self._chunk_rows = chunk_rows
+        self._max_row_bytes = max_row_bytes
+        self._fast = fast
+        self._names: list[str] = []  # each header name once, in order
+        self._positions: list[int] = []  # the column of each name's first occurrence
+        self._width = 0
+        self._rows = 0  # data rows read
+        self._done = 0  # data rows yielded
+        self._pending: list[pa.Table] = []  # rows read, not yet yielded
+
+    def chunks(self) -> Iterator[pa.Table]:
+        try:
+            yield from self._chunks()
+        except _BadByte as exc:
+            raise FileRefused(
+                f"not UTF-8: invalid byte 0x{exc.byte:02x} after data row {self._done} (near line {exc.line})"
+            ) from None
+
+    def _chunks(self) -> Iterator[pa.Table]:
+        self._text.next_block()
+        reader = csv.reader(self._text.lines(), strict=True)
+        try:
+            header = next((cells for cells in reader if cells), None)
+        except csv.Error as exc:
+            raise self._malformed(exc, reader.line_num) from None
         if header is None:
             raise FileRefused("CSV has no header row")
         names = [name.strip() for name in header]
         _check_columns(names, "CSV header")
         positions = {name: names.index(name) for name in dict.fromkeys(names)}  # first of each name
-        width = len(names)
-        pending: list[pa.Table] = []  # blocks of the chunk being built
+        self._names, self._positions, self._width = list(positions), list(positions.values()), len(names)
+        if not self._fast:
+            yield from self._python(reader, 0, None)
+        else:
+            self._text.sync()
+            while (run := self._text.plain_run()) is not None:
+                if not run:  # a quote or carriage return ahead: csv takes the lines until pyarrow can again
+                    line = self._text.line()
+                    quoted = csv.reader(self._text.lines(), strict=True)
+                    yield from self._python(quoted, line, self._text.quoted_lines)
+                    self._text.sync()
+                elif (table := self._parsed(run)) is not None:
+                    yield from self._emit(table)
+                else:  # ragged rows, a row too long...: csv decides, as it would have
+                    line = self._text.line() - _line_count(run)
+                    yield from self._python(csv.reader(io.StringIO(run, newline=""), strict=True), line, None)
+        if self._pending:
+            yield _concat(self._pending)
+
+    def _python(self, reader: _csv.Reader, line: int, quota: Callable[[], int] | None) -> Iterator[pa.Table]:
+        """The rows of ``reader`` (whose lines start after physical line ``line``), batch by batch,
+        until it ends or ``quota`` (the records for the next batch) says 0."""
         while True:
-            # Cells of a block of rows in one flat list; ``ends`` is its length after each row. All
+            # Cells of a batch of rows in one flat list; ``ends`` is its length after each row. All
             # C-level, and no row list outlives its row (keeps the cyclic GC out of the hot loop).
-            # Blocks smaller than a chunk stay cache-friendly (measured ~25% faster).
-            base = done + sum(map(len, pending))
+            # Batches smaller than a chunk stay cache-friendly (measured ~25% faster).
+            records = min(_CSV_BATCH_ROWS, self._chunk_rows + self._done - self._rows)
+            if quota is not None and not (records := min(records, quota())):
+                return
             flat: list[str] = []
-            block = itertools.islice(reader, min(_CSV_BLOCK_ROWS, chunk_rows + done - base))
-            ends = np.fromiter(map(len, map(flat.__iadd__, block)), np.int64)
-            if not len(ends):
-                break
-            cells = np.diff(ends, prepend=0)
-            row_major: list[str] | None = None
-            if np.all((cells == width) | (cells == 0)):  # empty lines are not rows
-                columns: Sequence[Sequence[str | None]] = [flat[i::width] for i in range(width)]
-                if len(positions) == width:
-                    row_major = flat
-            else:
-                columns = _ragged_columns(flat, ends, width, max_row_bytes, base)
-            if not columns[0]:
-                continue
-            wanted = [(name, columns[i]) for name, i in positions.items()]
-            arrays = {name: pa.array(values, pa.string()) for name, values in wanted}
-            value_bytes = _value_bytes(list(arrays.values()))
-            too_long = np.flatnonzero(value_bytes > max_row_bytes)
-            if len(too_long):
-                raise FileRefused(
-                    f"data row {base + too_long[0] + 1} is longer than the limit of {max_row_bytes} bytes"
-                )
-            pending.append(_table(arrays, base, _json_objects(wanted, list(arrays.values()), value_bytes, row_major)))
-            if base + len(columns[0]) - done == chunk_rows:
-                yield _concat(pending)
-                done += chunk_rows
-                pending = []
-        if pending:
-            yield _concat(pending)
-    except csv.Error as exc:
+            ends: list[int] = []
+            try:
+                ends.extend(map(len, map(flat.__iadd__, itertools.islice(reader, records))))
+            except (csv.Error, _BadByte) as exc:
+                self._batch(flat, ends)  # a row before the error may be too long: the first problem wins
+                if isinstance(exc, _BadByte):
+                    raise
+                raise self._malformed(exc, line + reader.line_num) from None
+            yield from self._emit(self._batch(flat, ends))
+            if len(ends) < records:
+                return
+
+    def _malformed(self, exc: csv.Error, line: int) -> FileRefused:
         if "field larger than field limit" in str(exc):
+            return FileRefused(f"CSV line {line}: a row is longer than the limit of {self._max_row_bytes} bytes")
+        return FileRefused(f"malformed CSV at line {line}: {exc}")
+
+    def _batch(self, flat: list[str], ends: list[int]) -> pa.Table:
+        """The rows of a batch read by csv; refuses the first row longer than the limit."""
+        cells = np.diff(np.array(ends, np.int64), prepend=0)
+        width = self._width
+        long_row: int | None = None
+        if np.all((cells == width) | (cells == 0)):  # empty lines are not rows
+            columns: Sequence[Sequence[str | None]] = [flat[i::width] for i in self._positions]
+        else:
+            columns, long_row = _ragged_columns(flat, ends, width, self._max_row_bytes)
+            columns = [columns[i] for i in self._positions]
+        arrays = [pa.array(values, pa.string()) for values in columns]
+        too_long = np.flatnonzero(_value_bytes(arrays) > self._max_row_bytes)
+        if len(too_long) and (long_row is None or too_long[0] < long_row):
+            long_row = int(too_long[0])
+        if long_row is not None:
             raise FileRefused(
-                f"CSV line {reader.line_num}: a row is longer than the limit of {max_row_bytes} bytes"
-            ) from None
-        raise FileRefused(f"malformed CSV at line {reader.line_num}: {exc}") from None
-    except UnicodeDecodeError as exc:
-        raise FileRefused(
-            f"not UTF-8: invalid byte 0x{exc.object[exc.start]:02x} after data row {done} "
-            f"(near line {reader.line_num + 1})"
-        ) from None
-    finally:
-        text.detach()  # leave the caller's stream open
+                f"data row {self._rows + long_row + 1} is longer than the limit of {self._max_row_bytes} bytes"
+            )
+        return self._table(arrays)
+
+    def _parsed(self, run: str) -> pa.Table | None:
+        """The rows of a run of lines with no quote and no carriage return, parsed by pyarrow; None
+        unless they are exactly what csv would read without error: every row as wide as the header
+        (or empty) and no row's cells longer than the limit together."""
+        data = run.encode()
+        if data.startswith(codecs.BOM_UTF8):  # pyarrow would drop it; an empty line first keeps it
+            data = b"\n" + data
+        read = pacsv.ReadOptions(
+            column_names=[str(i) for i in range(self._width)], use_threads=False, block_size=len(data) + 1
+        )
+        convert = pacsv.ConvertOptions(column_types=dict.fromkeys(read.column_names, pa.string()), **_CSV_CONVERT)
+        try:
+            table = pacsv.read_csv(pa.BufferReader(data), read, _CSV_PARSE, convert)
+        except pa.ArrowInvalid:
+            return None
+        columns = [column.combine_chunks() for column in table.columns]
+        if not table.num_rows:
+            return self._table([pa.array([], pa.string())] * len(self._positions))
+        if np.any(_value_bytes(columns) > self._max_row_bytes):
+            return None
+        return self._table([columns[i] for i in self._positions])
+
+    def _table(self, arrays: list[pa.Array]) -> pa.Table:
+        """The next rows as a ``RAW_SCHEMA`` table, from the arrays of ``self._names``."""
+        wanted = dict(zip(self._names, arrays, strict=True))
+        return _table(wanted, self._rows, _json_objects(self._names, arrays))
+
+    def _emit(self, table: pa.Table) -> Iterator[pa.Table]:
+        """Add rows to the chunk being built; yield every chunk they complete."""
+        if not table.num_rows:
+            return
+        self._pending.append(table)
+        self._rows += table.num_rows
+        while self._rows - self._done >= self._chunk_rows:
+            rows = _concat(self._pending)
+            yield rows.slice(0, self._chunk_rows)
+            self._done += self._chunk_rows
+            self._pending = [rows.slice(self._chunk_rows)] if rows.num_rows > self._chunk_rows else []
+
+
+class _CsvText:
+    """A CSV byte stream decoded block by block (whole lines each), and a position in the current block.
+
+    A block that is not UTF-8 raises :class:`_BadByte` naming the line of its first bad byte."""
+
+    def __init__(self, source: BinaryIO, block_bytes: int) -> None:
+        self._blocks = _line_blocks(source, block_bytes)
+        self._first = True
+        self._text = ""  # the current block
+        self._pos = 0  # in ``_text``, at the start of a line
+        self._lines_before = 0  # lines before the current block
+        self._lines_after = 0  # lines before the next one
+        self._piece: io.StringIO = io.StringIO()  # what :meth:`lines` reads from
+        self._piece_at = 0  # where ``_piece`` starts in ``_text``
+        # In characters, as parts of a block: text handed to csv at a time; after a quote, a run
+        # without quote or carriage return this long goes back to pyarrow, else csv takes the lines
+        # up to the last quote or carriage return within the next quarter block.
+        self._piece_chars = block_bytes // 16
+        self._fast_chars = max(1, block_bytes // 64)
+        self._near_chars = block_bytes // 4
+
+    def next_block(self) -> bool:
+        """Move to the start of the next block; False at the end of the stream."""
+        data = next(self._blocks, None)
+        if data is None:
+            return False
+        if self._first:
+            data, self._first = data.removeprefix(codecs.BOM_UTF8), False
+        self._lines_before = self._lines_after
+        try:
+            self._text = data.decode()
+        except UnicodeDecodeError as exc:
+            raise _BadByte(data[exc.start], self._lines_before + _line_count(data[: exc.start].decode()) + 1) from None
+        self._pos = 0
+        self._lines_after += _line_count(self._text)
+        return True
+
+    def lines(self) -> Iterator[str]:
+        """Lines from the position on, block after block, as csv reads them (newlines kept; ``\\n``,
+        ``\\r\\n`` or ``\\r``); :meth:`sync` to where a reader of them stopped."""
+        self._piece, self._piece_at = io.StringIO(), self._pos
+        return self._lines()
+
+    def _lines(self) -> Iterator[str]:
+        while True:
+            while self._pos < len(self._text):
+                end = self._text.find("\n", self._pos + self._piece_chars) + 1 or len(self._text)
+                self._piece, self._piece_at = io.StringIO(self._text[self._pos : end], newline=""), self._pos
+                yield from self._piece
+                self._pos = end
+            if not self.next_block():
+                return
+
+    def sync(self) -> None:
+        """Move the position to where the reader of :meth:`lines` stopped (the end of a record)."""
+        self._pos = self._piece_at + self._piece.tell()
+
+    def line(self) -> int:
+        """Lines before the position."""
+        return self._lines_before + _line_count(self._text[: self._pos])
+
+    def plain_run(self) -> str | None:
+        """The whole lines from the position up to the first with a quote or carriage return (moving
+        past them); "" if the position is on such a line, None at the end of the stream."""
+        if self._pos == len(self._text) and not self.next_block():
+            return None
+        text, start = self._text, self._pos
+        special = self._special(start)
+        self._pos = len(text) if special == len(text) else max(start, text.rfind("\n", start, special) + 1)
+        return text[start : self._pos]
+
+    def quoted_lines(self) -> int:
+        """For a csv reader of :meth:`lines` at the end of a record: 0 where a run for pyarrow starts
+        (the rest of the block, or a long one without quote or carriage return), else the lines up to
+        the last quote or carriage return near ahead (at least 1)."""
+        self.sync()
+        text, pos = self._text, self._pos
+        special = self._special(pos)
+        if special == len(text) or text.rfind("\n", pos, special) + 1 - pos >= self._fast_chars:
+            return 0
+        near = min(len(text), pos + self._near_chars)
+        last = max(special, text.rfind('"', pos, near), text.rfind("\r", pos, near))
+        return text.count("\n", pos, last) + 1
+
+    def _special(self, start: int) -> int:
+        """Where the first quote or carriage return from ``start`` on is (the block's length if none)."""
+        found = [i for i in (self._text.find('"', start), self._text.find("\r", start)) if i >= 0]
+        return min(found, default=len(self._text))
+
+
+def _line_blocks(source: BinaryIO, block_bytes: int) -> Iterator[bytes]:
+    """The stream in blocks of about ``block_bytes`` ending at a ``\\n`` (a longer line: a longer block)."""
+    parts: list[bytes | memoryview] = []  # of a block, up to the last read
+    while data := source.read(block_bytes):
+        cut = data.rfind(b"\n") + 1
+        if not cut:
+            parts.append(data)
+            continue
+        parts.append(memoryview(data)[:cut] if parts else data[:cut])
+        block = b"".join(parts)
+        parts = [data[cut:]] if cut < len(data) else []
+        del data  # not kept while the block is parsed
+        yield block
+        del block
+    if parts:
+        yield b"".join(parts)
+
+
+def _line_count(text: str) -> int:
+    """Physical lines ended in ``text``, as csv counts them (``\\n``, ``\\r\\n`` or ``\\r``)."""
+    lines = text.count("\n")
+    return lines + text.count("\r") - text.count("\r\n") if "\r" in text else lines
+
+
+def _read_csv(
+    source: BinaryIO, chunk_rows: int, max_row_bytes: int, *, fast: bool = True, block_bytes: int = 1 << 20
+) -> Iterator[pa.Table]:
+    """CSV rows: runs of whole lines without quote or carriage return parsed by pyarrow (C++) where
+    that gives exactly what Python's csv module gives, the rest by that module, with the same rows,
+    ``raw`` text and refusals either way. ``fast=False``: the csv module alone."""
+    if csv.field_size_limit() < max_row_bytes:
+        csv.field_size_limit(max_row_bytes)
+    return _CsvReader(source, chunk_rows, max_row_bytes, fast, block_bytes).chunks()
 
 
 def _ragged_columns(
-    flat: list[str], ends: np.ndarray, width: int, max_row_bytes: int, done: int
-) -> Sequence[Sequence[str | None]]:
-    """Columns of a chunk whose rows have varying cell counts: short rows padded with nulls
-    (absent cells), cells beyond the header dropped, empty lines skipped."""
+    flat: list[str], ends: list[int], width: int, max_row_bytes: int
+) -> tuple[list[list[str | None]], int | None]:
+    """Columns of a batch whose rows have varying cell counts: short rows padded with nulls (absent
+    cells), cells beyond the header dropped, empty lines skipped; and the first row with more cells
+    than the header that is longer than the limit, if any."""
     rows: list[list[str | None]] = []
+    long_row: int | None = None
     start = 0
-    for end in ends.tolist():
+    for end in ends:
         row = flat[start:end]
         start = end
         if not row:
             continue
         if len(row) > width:
-            if sum(map(len, row)) > max_row_bytes:
-                raise FileRefused(f"data row {done + len(rows) + 1} is longer than the limit of {max_row_bytes} bytes")
+            if long_row is None and sum(map(len, row)) > max_row_bytes:
+                long_row = len(rows)
             del row[width:]
         cells: list[str | None] = list(row)
         cells.extend([None] * (width - len(cells)))
         rows.append(cells)
-    return [list(column) for column in zip(*rows, strict=True)] if rows else [[] for _ in range(width)]
+    columns = [list(column) for column in zip(*rows, strict=True)] if rows else [[] for _ in range(width)]
+    return columns, long_row
 
 
 def _value_bytes(arrays: list[pa.Array]) -> np.ndarray:
     """Per row, the UTF-8 bytes of its cells together (nulls count 0)."""
     total = np.zeros(len(arrays[0]), dtype=np.int64)
     for array in arrays:
-        total += pc.binary_length(array).fill_null(0).to_numpy(zero_copy_only=False)
+        lengths = pc.binary_length(array)
+        total += (lengths.fill_null(0) if lengths.null_count else lengths).to_numpy(zero_copy_only=False)
     return total
 
 
@@ -271,9 +504,7 @@ def _read_parquet(source: BinaryIO, chunk_rows: int) -> Iterator[pa.Table]:
         try:
             for batch in parquet.iter_batches(batch_size=chunk_rows, columns=present):
                 arrays = {name: _as_text(batch.column(name)) for name in present}
-                wanted = [(name, array.to_pylist()) for name, array in arrays.items()]
-                value_bytes = _value_bytes(list(arrays.values()))
-                yield _table(arrays, done, _json_objects(wanted, list(arrays.values()), value_bytes))
+                yield _table(arrays, done, _json_objects(present, list(arrays.values())))
                 done += batch.num_rows
         except (pa.ArrowException, ValueError, OSError) as exc:
             raise FileRefused(f"Parquet file unreadable after data row {done}: {_one_line(exc)}") from None
@@ -327,62 +558,38 @@ def _concat(tables: list[pa.Table]) -> pa.Table:
     return tables[0] if len(tables) == 1 else pa.concat_tables(tables).combine_chunks()
 
 
-def _json_objects(
-    columns: Sequence[tuple[str, Sequence[str | None]]],
-    arrays: list[pa.Array],
-    value_bytes: np.ndarray,
-    row_major: Sequence[str] | None = None,
-) -> pa.Array:
-    """Per row, a compact JSON object of column -> text leaving out null cells.
+def _json_objects(names: Sequence[str], arrays: Sequence[pa.Array]) -> pa.Array:
+    """Per row, a compact JSON object of column -> text leaving out null cells, as ``json.dumps`` writes it.
 
-    ``arrays`` are ``columns``' values as Arrow strings and ``value_bytes`` their per-row byte
-    total; ``row_major``, if given, is the same cells row by row. Without nulls (the usual case) all
-    objects are built by one join over literals and cells, escaping values only where needed.
+    Rows without nulls (the usual case) are joined from literals and cells, values escaped only
+    where needed; the others are written one by one.
     """
-    names = [name for name, _ in columns]
-    rows = len(value_bytes)
-    if any(array.null_count for array in arrays):
-        return pa.array(
-            [
-                json.dumps(
-                    {k: v for k, v in zip(names, row, strict=True) if v is not None},
-                    ensure_ascii=False,
-                    separators=(",", ":"),
-                )
-                for row in zip(*(values for _, values in columns), strict=True)
-            ],
-            pa.string(),
-        )
-    keys = [json.dumps(name, ensure_ascii=False) for name in names]
-    # Row r is literals[0], cell 0, literals[1], cell 1, ..., cell n-1; the first literal also
-    # closes the previous row, so the cells of a row-major list fill every other piece.
-    literals = ['"}{' + keys[0] + ':"'] + ['",' + key + ':"' for key in keys[1:]]
-    bytes_per_row = sum(len(text.encode()) for text in literals)
-    escaped = [_needs_escape(array) for array in arrays]
-    pieces: list[str] = [""] * (2 * rows * len(names))
-    pieces[0::2] = literals * rows
-    if row_major is not None and not any(escaped):
-        pieces[1::2] = row_major
-    else:
-        for k, ((_, column_values), needs) in enumerate(zip(columns, escaped, strict=True)):
-            values = cast("Sequence[str]", column_values)  # no nulls on this path (returned above)
-            if needs:
-                values = [json.dumps(v, ensure_ascii=False)[1:-1] for v in values]
-                value_bytes = value_bytes - pc.binary_length(arrays[k]).to_numpy(zero_copy_only=False)
-                value_bytes += pc.binary_length(pa.array(values, pa.string())).to_numpy(zero_copy_only=False)
-            pieces[2 * k + 1 :: 2 * len(names)] = values
-    if not rows:
-        return pa.array([], pa.string())
-    pieces[0] = "{" + keys[0] + ':"'
-    pieces.append('"}')
-    offsets = np.zeros(rows + 1, dtype=np.int64)
-    np.cumsum(value_bytes + bytes_per_row, out=offsets[1:])
-    data = "".join(pieces).encode()
-    return pa.LargeStringArray.from_buffers(rows, pa.py_buffer(offsets), pa.py_buffer(data)).cast(pa.string())
+    pieces: list[str | pa.Array] = []
+    for i, (name, array) in enumerate(zip(names, arrays, strict=True)):
+        pieces += [("{" if i == 0 else '",') + json.dumps(name, ensure_ascii=False) + ':"', _json_text(array)]
+    objects = pc.binary_join_element_wise(*pieces, '"}', "")
+    if not objects.null_count:
+        return objects
+    holes = objects.is_null()
+    rows = pa.Table.from_arrays(list(arrays), names=list(names)).filter(holes).to_pylist()
+    texts = [
+        json.dumps({k: v for k, v in row.items() if v is not None}, ensure_ascii=False, separators=(",", ":"))
+        for row in rows
+    ]
+    return pc.replace_with_mask(objects, holes, pa.array(texts, pa.string()))
+
+
+def _json_text(array: pa.Array) -> pa.Array:
+    """Text as inside a JSON string: the values with a quote, backslash or control character escaped."""
+    if not _needs_escape(array):
+        return array
+    escape = pc.match_substring_regex(array, r'[\x00-\x1f"\\]').fill_null(False)
+    escaped = [json.dumps(value, ensure_ascii=False)[1:-1] for value in array.filter(escape).to_pylist()]
+    return pc.replace_with_mask(array, escape, pa.array(escaped, pa.string()))
 
 
 def _needs_escape(array: pa.Array) -> bool:
-    """Whether a null-free string array holds a quote, backslash or control character."""
+    """Whether a string array holds a quote, backslash or control character (perhaps under a null)."""
     offsets = np.frombuffer(array.buffers()[1], dtype=np.int32)[array.offset : array.offset + len(array) + 1]
     data = array.buffers()[2]
     if data is None or offsets[0] == offsets[-1]:
