@@ -234,7 +234,7 @@ class _CsvReader:
         convert = pacsv.ConvertOptions(column_types=dict.fromkeys(read.column_names, pa.string()), **_CSV_CONVERT)
         try:
             table = pacsv.read_csv(pa.BufferReader(data), read, _CSV_PARSE, convert)
-        except pa.ArrowInvalid:
+        except pa.ArrowException:  # a row of another width, mostly
             return None
         columns = [column.combine_chunks() for column in table.columns]
         if not table.num_rows:
