@@ -9,7 +9,7 @@ from typing import Any
 
 import pyarrow.csv as pacsv
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from shared.errors import FileRefused
@@ -84,7 +84,31 @@ def outcome(data: bytes, **options: Any) -> tuple[list[list[dict[str, Any]]], st
     return chunks, None
 
 
+HEADER = ",".join(REQUIRED_COLUMNS) + "\n"
+
+
 @settings(max_examples=500, deadline=None)
+@example(  # csv's own refusal of a long field, after pyarrow gave up on the run: the same line
+    data=(HEADER + "t,a,ts,p,1\n\nt,a,ts,p," + "x" * 40 + "\n").encode(),
+    chunk_rows=1,
+    block_bytes=1 << 20,
+    max_row_bytes=16,
+    field_limit=True,
+)
+@example(  # a cell starting with U+FEFF at the start of a run (pyarrow drops a BOM)
+    data=(HEADER + 't,"a",ts,p,1\n\ufefft,a,ts,p,1\n').encode(),
+    chunk_rows=2,
+    block_bytes=1,
+    max_row_bytes=99,
+    field_limit=False,
+)
+@example(  # a quoted newline across blocks, then plain lines
+    data=(HEADER + 't,"a\n\n,b",ts,p,1\r\n' + "t,a,ts,p,1\n" * 3).encode(),
+    chunk_rows=2,
+    block_bytes=8,
+    max_row_bytes=99,
+    field_limit=False,
+)
 @given(
     data=csv_files(),
     chunk_rows=st.integers(1, 6),
