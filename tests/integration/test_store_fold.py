@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, date, datetime, timedelta, timezone
 from decimal import Decimal, localcontext
 from pathlib import Path
@@ -219,13 +220,20 @@ def test_phase_timestamps_round_trip(store: Store) -> None:
     assert other.to_json_dict()["debatched_at"] is None
 
 
+@contextmanager
+def older_schema(store: Store, revision: str) -> Iterator[sa.Connection]:
+    """A transaction on ``store``'s database with its schema migrated up to ``revision`` only."""
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS))
+    with store.engine.begin() as conn:
+        config.attributes["connection"] = conn
+        command.upgrade(config, revision)
+        yield conn
+
+
 def test_migration_0004_adds_empty_phases_to_existing_batches(sql_url: str) -> None:
     with Store(sql_url, migrate=False) as store:
-        config = Config()
-        config.set_main_option("script_location", str(MIGRATIONS))
-        with store.engine.begin() as conn:
-            config.attributes["connection"] = conn
-            command.upgrade(config, "0003")
+        with older_schema(store, "0003") as conn:
             conn.execute(
                 sa.text(
                     "INSERT INTO batches (batch_id, source, state, rows, accepted, rejected, completed_items, "
@@ -347,11 +355,7 @@ def test_the_fold_cache_keeps_recent_unsettled_batches_within_its_bound(tmp_path
 def test_migration_0006_adds_to_aggregates_stored_before_it(sql_url: str) -> None:
     now = datetime.now(UTC)
     with Store(sql_url, migrate=False) as store:
-        config = Config()
-        config.set_main_option("script_location", str(MIGRATIONS))
-        with store.engine.begin() as conn:
-            config.attributes["connection"] = conn
-            command.upgrade(config, "0005")
+        with older_schema(store, "0005") as conn:
             counts = dict(rows=2, accepted=2, rejected=0, work_items=2, completed_items=1, transactions_recorded=1)
             conn.execute(
                 sa.insert(batches).values(
