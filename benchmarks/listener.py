@@ -25,6 +25,7 @@ import time
 from collections.abc import AsyncIterator, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import asdict, dataclass, replace
+from datetime import datetime
 from pathlib import Path
 
 from azure.storage.queue import QueueMessage
@@ -241,21 +242,35 @@ def _idle_requests(settings: Settings, seconds: float) -> dict[str, float]:
     time.sleep(warm_up)
     first = _requests(settings.home, processes)
     time.sleep(seconds)
-    last = _requests(settings.home, processes)
+    last = _requests(settings.home, processes, since=first, seconds=seconds)
     for process in processes.values():
         process.terminate()
         process.wait(timeout=60)
-    rates = {mode: (last[mode] - first[mode]) * 3600 / seconds for mode in modes}
+    rates = {mode: (last[mode][0] - first[mode][0]) * 3600 / (last[mode][1] - first[mode][1]) for mode in modes}
     rates["push (local bus)"] *= SAFETY_FOR_MEASUREMENT / Settings().safety_poll_interval
     return {mode: round(rate, 1) for mode, rate in rates.items()}
 
 
-def _requests(home: Path, processes: Mapping[str, subprocess.Popen[bytes]]) -> dict[str, int]:
-    """Each process's storage requests so far, from the live state file it keeps."""
-    counts = {}
+def _requests(
+    home: Path,
+    processes: Mapping[str, subprocess.Popen[bytes]],
+    since: Mapping[str, tuple[int, float]] | None = None,
+    seconds: float = 0.0,
+) -> dict[str, tuple[int, float]]:
+    """Each process's storage requests so far and when it counted them, from the live state file it
+    keeps; with ``since``, waits for counts taken at least ``seconds`` after those (a busy process
+    may write its file late)."""
+    counts: dict[str, tuple[int, float]] = {}
+    deadline = time.monotonic() + 60
     for mode, process in processes.items():
-        state = json.loads((home / "state" / f"processor-{process.pid}.json").read_text())
-        counts[mode] = int(state["requests"]["total"])
+        while True:
+            state = json.loads((home / "state" / f"processor-{process.pid}.json").read_text())
+            counts[mode] = (int(state["requests"]["total"]), datetime.fromisoformat(state["updated_at"]).timestamp())
+            if since is None or counts[mode][1] >= since[mode][1] + seconds:
+                break
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the {mode} processor has not refreshed its state file for a minute")
+            time.sleep(0.2)
     return counts
 
 

@@ -5,8 +5,9 @@ Every send to a pipeline queue goes to the primary account while it answers. Tra
 the primary has failed for ``failover_interval`` the destination is *failed over*: its messages go
 to a backlog queue of the secondary account, chosen at random among ``backlog_queue_count``, as
 ``<destination>\\n<message>``.
-While failed over, the primary is probed again every ``failover_probe_interval``; the first success
-makes the destination healthy. A syphon (:mod:`shared.syphon`) forwards backlog messages to their
+While failed over, the primary is probed again every ``failover_probe_interval`` (by the next send,
+or by :meth:`Failover.probe` for a destination nobody sends to); the first success makes the
+destination healthy. A syphon (:mod:`shared.syphon`) forwards backlog messages to their
 destination once the primary answers. Receivers read only the primary; order is not kept across a
 failover, and a send that timed out yet landed may arrive twice (the controller absorbs repeats).
 
@@ -124,6 +125,22 @@ class Failover:
             name: {k: v for k, v in asdict(route).items() if k in ("health", "failovers", "backlog_sent")}
             for name, route in sorted(self.routes.items())
         }
+
+    async def probe(self) -> None:
+        """Ask the primary about each failed-over destination whose probe is due, one small request
+        each, so that a destination no one sends to any more turns healthy once the primary answers.
+        A non-transient answer counts as an answer: the next send raises it where it belongs."""
+        for destination, route in list(self.routes.items()):
+            if route.health is not Health.FAILED_OVER or not route.use_primary(self._clock()):
+                continue
+            try:
+                await self.primary.queue(destination).get_queue_properties()
+            except Exception as exc:
+                if is_transient(exc):
+                    route.failed(self._clock())
+                    continue
+            log.warning("primary storage answers again for %s: healthy", destination)
+            route.succeeded()
 
     async def run(
         self, destination: str, primary: Callable[[], Awaitable[T]], secondary: Callable[[], Awaitable[T]]

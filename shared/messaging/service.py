@@ -55,6 +55,8 @@ class Service:
         self.health_port: int | None = None  # where /healthz, /readyz and /metrics are served, if they are
         if triggers is not None:
             triggers.subscribe(self._on_trigger)
+        if storage.failover is not None:
+            self.repeat(settings.failover_probe_interval, storage.failover.probe)
 
     def listen(
         self,

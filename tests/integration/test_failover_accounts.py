@@ -4,6 +4,7 @@ answering 503 Server Busy (``fault_proxy`` in front of Azurite) is waited for, n
 
 from __future__ import annotations
 
+import asyncio
 import re
 import time
 
@@ -80,3 +81,26 @@ async def test_server_busy_waits_and_never_fails_over(settings_env: Settings, mo
     async with Storage(Settings()) as direct:
         got = [m.content async for m in direct.queue(destination).receive_messages(messages_per_page=32)]
     assert got == ["through the storm"], "it reached the primary"
+
+
+async def test_a_failed_over_destination_no_one_sends_to_turns_healthy_by_probe(settings_env: Settings) -> None:
+    destination = settings_env.results_queue
+    async with Storage(Settings()) as direct:
+        await direct.ensure(queues=[destination])
+    with FaultProxy(Settings().storage_connection_string.get_secret_value()) as proxy:  # type: ignore[union-attr]
+        proxy.outage(3600, services=("queue",))  # connections reset until restored
+        async with Storage(account(proxy.connection_string, failover_interval=0)) as storage:
+            assert storage.secondary is not None and storage.failover is not None
+            await storage.secondary.ensure(queues=storage.settings.backlog_queues)
+            await storage.send(destination, "while down")
+            assert storage.failover.state()[destination]["health"] == "failed_over"
+            await asyncio.sleep(0.6)  # the probe interval (0.5 s) has passed
+            await storage.failover.probe()
+            assert storage.failover.state()[destination]["health"] == "failed_over", "still down"
+            asked = proxy.injected["queue"].total()
+            await storage.failover.probe()
+            assert proxy.injected["queue"].total() == asked, "no probe before the next is due"
+            proxy.restore()
+            await asyncio.sleep(0.6)
+            await storage.failover.probe()
+            assert storage.failover.state()[destination] == {"health": "healthy", "failovers": 1, "backlog_sent": 1}
