@@ -104,13 +104,15 @@ async def submit(
         )
     with path.open("rb") as file:
         fmt = detect_format(path.name, file.read(4096))
-    await asyncio.to_thread(check_head, path, fmt)
+    head = asyncio.to_thread(check_head, path, fmt)
+    if batch_id:
+        await head
+    else:  # the head checked while the file is hashed for the default batch id (hashing releases the GIL)
+        batch_id = (await asyncio.gather(head, asyncio.to_thread(file_digest, path)))[1]
     pricebook_bytes = pricebook.read_bytes() if pricebook else sample_price_book_bytes()
     taxes_bytes = taxes.read_bytes() if taxes else sample_tax_table_bytes()
     load_price_book(pricebook_bytes)  # refuse invalid reference data before anything is stored
     load_tax_table(taxes_bytes)
-    if not batch_id:
-        batch_id = await asyncio.to_thread(file_digest, path)
     async with Storage(settings) as storage:
         await storage.ensure_all()
         root = {telemetry.BATCH_ID: batch_id, "billing.source": path.name}

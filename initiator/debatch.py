@@ -11,7 +11,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import BinaryIO
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from shared.protocol import encode_table
 from shared.rules.batchfile import read_chunks
@@ -20,13 +22,12 @@ from shared.rules.reference import PriceBook, TaxTable
 from shared.rules.schemas import REJECT_SCHEMA
 from shared.rules.validation import TransactionIdSet, validate
 
-#: Accepted rows go out in the order of the aggregate key (account, product, billing day) within windows of
+#: Accepted rows go out grouped by the aggregate key (account, product, billing day) within windows of
 #: the file, so that each work item covers few keys: fewer partial aggregates to rate, send and fold.
 #: Measured on the sample 1M-row file: 911,000 partial rows in file order, 475,000 sorted by chunk of 50,000
 #: rows, 182,000 by window of 200,000. The first window is the first chunk, so rating starts as soon; each
 #: next one is twice the last, up to ``WINDOW_ROWS`` (~20 MB of accepted rows held).
 WINDOW_ROWS = 200_000
-_AGGREGATE_ORDER = [("account_id", "ascending"), ("product", "ascending"), ("timestamp_us", "ascending")]
 
 
 class Debatch:
@@ -74,8 +75,9 @@ class Debatch:
             yield from self._cut(window)
 
     def _cut(self, window: list[pa.Table]) -> Iterator[tuple[int, bytes]]:
-        """The window's rows in aggregate-key order as work items."""
-        table = pa.concat_tables(window).sort_by(_AGGREGATE_ORDER)
+        """The window's rows grouped by aggregate key as work items."""
+        table = pa.concat_tables(window).combine_chunks()
+        table = table.take(_grouped(table))
         start = 0
         while start < table.num_rows:
             item = table.slice(start, self._item_rows)
@@ -86,3 +88,13 @@ class Debatch:
                 rows = int(item.num_rows * self._inline_bytes * 0.9 / len(encoded))
                 self._item_rows = max(1, min(self._item_rows, rows))
             yield item.num_rows, encoded
+
+
+def _grouped(table: pa.Table) -> np.ndarray:
+    """An order of ``table``'s rows by account and product, each in order of first appearance (a
+    sort of integers, several times faster than of the strings), then file order. Rows of a key
+    lie close enough together that sorting by time too saved no partial aggregate (measured)."""
+    account, product = (pc.dictionary_encode(table.column(name).chunk(0)) for name in ("account_id", "product"))
+    key = account.indices.to_numpy().astype(np.int64) * len(product.dictionary) + product.indices.to_numpy()
+    order: np.ndarray = np.argsort(key, kind="stable")
+    return order
