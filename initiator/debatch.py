@@ -75,8 +75,10 @@ class Debatch:
             yield from self._cut(window)
 
     def _cut(self, window: list[pa.Table]) -> Iterator[tuple[int, bytes]]:
-        """The window's rows grouped by aggregate key as work items."""
+        """The window's rows grouped by aggregate key as work items (the window emptied: its rows are
+        held once or twice at a time, never three times)."""
         table = pa.concat_tables(window).combine_chunks()
+        window.clear()
         table = table.take(_grouped(table))
         start = 0
         while start < table.num_rows:

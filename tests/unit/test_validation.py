@@ -272,6 +272,8 @@ def test_transaction_id_set(run_ids: int) -> None:
         seen.add(h1[part], h2[part])
     assert len(seen) == 1000
     assert seen.contains(h1, h2).all()
+    assert not seen.contains(h1, h2 ^ np.uint32(1)).any(), "both parts of the hash must match"
+    assert h2.dtype == np.uint32, "12 bytes per id"
     o1, o2 = TransactionIdSet.hashes(np.array(["id-1000", "ID-1"], dtype=object))
     assert not seen.contains(o1, o2).any()
 
