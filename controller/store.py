@@ -86,6 +86,35 @@ _PG_UPSERT = sa.text(
     + ", ".join(f"{name} = aggregates.{name} + excluded.{name}" for name in _SUMMED)
 )
 
+#: What a batch row holds before anything is known of the batch but its id.
+_NEW_BATCH_ROW = dict(
+    source="",
+    state="processing",
+    rows=0,
+    accepted=0,
+    rejected=0,
+    work_items=None,
+    completed_items=0,
+    poisoned_items=0,
+    transactions_recorded=0,
+    requests=0,
+)
+#: The statements every apply runs, built once (SQLAlchemy then compiles each once, too).
+_NEW_BATCH = {
+    name: insert(batches).on_conflict_do_nothing(index_elements=["batch_id"])
+    for name, insert in (("postgresql", postgresql.insert), ("sqlite", sqlite.insert))
+}
+_LOCK_BATCHES = (
+    sa.select(batches)
+    .where(batches.c.batch_id.in_(sa.bindparam("batch_ids", expanding=True)))
+    .order_by(batches.c.batch_id)
+    .with_for_update()
+)
+_UPDATE_BATCH = sa.update(batches).where(batches.c.batch_id == sa.bindparam("row_batch_id"))
+_RECORDED = sa.select(work_items.c.work_item_id, work_items.c.poison_reason).where(
+    work_items.c.work_item_id.in_(sa.bindparam("ids", expanding=True))
+)
+
 
 @dataclass(frozen=True)
 class BatchStatus:
@@ -145,6 +174,47 @@ class ApplyOutcome:
 
 #: What a batch row says of its aggregates: their fold token, and its completed work items.
 _Stamp = tuple[str | None, int]
+#: An aggregate's key within its batch: account, product, billing day (days since 1970-01-01).
+_Key = tuple[str, str, int]
+
+
+class _Folded:
+    """A batch's complete stored aggregates (SQLite), held so that adding to some of its keys costs what those
+    keys cost, whatever the batch's size: a table the sums of each write are appended to, and each key's row in
+    it. Rows a later sum superseded stay until they are as many as the live ones; the table is compacted then."""
+
+    def __init__(self, table: pa.Table) -> None:
+        self.table = table
+        self._rows: dict[_Key, int] = dict(zip(_keys(table), range(table.num_rows), strict=True))
+
+    def plus(self, added: pa.Table) -> tuple[pa.Table, list[_Key]]:
+        """``added`` (aggregates of the batch) plus what is stored for their keys, exactly: a row per key, and
+        the keys in the same order (for :meth:`add`)."""
+        keys = list(_keys(added))
+        if len(set(keys)) < len(keys):
+            added = _fold(added)
+            keys = list(_keys(added))
+        rows = self._rows
+        stored = self.table.take(pa.array([rows.get(key) for key in keys], pa.int64()))
+        return _plus(added, stored), keys
+
+    def add(self, summed: pa.Table, keys: list[_Key]) -> None:
+        """Take ``summed``'s rows (complete sums of ``keys``, one row each) as their keys' aggregates."""
+        start = self.table.num_rows
+        self.table = pa.concat_tables([self.table, summed])
+        self._rows.update(zip(keys, range(start, self.table.num_rows), strict=True))
+        if self.table.num_rows > 2 * len(self._rows):
+            self.table = self.complete().combine_chunks()
+            self._rows = dict(zip(self._rows, range(len(self._rows)), strict=True))
+
+    def complete(self) -> pa.Table:
+        """The batch's aggregates, a row per key."""
+        return self.table.take(pa.array(self._rows.values(), pa.int64()))
+
+
+#: What an apply wrote of one batch's aggregates (SQLite): the batch's stored aggregates it added to, the sums
+#: written (see :meth:`_Folded.plus`) and their keys.
+_Written = tuple[_Folded, pa.Table, list[_Key]]
 
 
 class _FoldCache:
@@ -163,35 +233,41 @@ class _FoldCache:
 
     def __init__(self, limit: int = _CACHED_ROWS) -> None:
         self._limit = limit
-        self._entries: OrderedDict[str, tuple[_Stamp, pa.Table]] = OrderedDict()
+        self._entries: OrderedDict[str, tuple[_Stamp, _Folded]] = OrderedDict()
         self._rows = 0
         self._lock = threading.Lock()  # a store may be shared by threads
 
-    def stored(self, conn: sa.Connection, batch_id: str, stamp: _Stamp) -> pa.Table:
+    def stored(self, conn: sa.Connection, batch_id: str, stamp: _Stamp) -> _Folded:
         """``batch_id``'s stored aggregates, its row (locked in ``conn``) stamped ``stamp``: cached or read."""
         with self._lock:
             entry = self._entries.get(batch_id)
             if entry is not None and entry[0] == stamp:
                 self._entries.move_to_end(batch_id)
                 return entry[1]
-        return _batch_aggregates(conn, batch_id)
+        return _Folded(_batch_aggregates(conn, batch_id))
 
-    def committed(self, rows: Mapping[str, Mapping[str, Any]], merged: Mapping[str, pa.Table]) -> None:
-        """Keep what a committed transaction wrote: ``rows`` (batch rows as written) and the complete
-        aggregates of the batches it added to."""
+    def committed(self, rows: Mapping[str, Mapping[str, Any]], merged: Mapping[str, _Written]) -> None:
+        """Keep what a committed transaction wrote: ``rows`` (batch rows as written) and, per batch it added to,
+        its stored aggregates as :meth:`stored` gave them with the sums it wrote.
+
+        The given aggregates are added to in place: no other transaction holds them (one that began after this
+        one committed finds this one's token on the row, not the entry's)."""
         with self._lock:
             for batch_id, row in rows.items():
-                table = merged.get(batch_id)
+                written = merged.get(batch_id)
                 settled = row["state"] in _SETTLED
-                if table is None and not settled:
+                if written is None and not settled:
                     continue  # its aggregates not written: an entry is still what is stored
                 self._discard(batch_id)
-                if table is not None and not settled and table.num_rows <= self._limit:
-                    self._entries[batch_id] = (_stamp(row), table)
-                    self._rows += table.num_rows
+                if written is not None and not settled:
+                    folded, summed, keys = written
+                    folded.add(summed, keys)
+                    if folded.table.num_rows <= self._limit:
+                        self._entries[batch_id] = (_stamp(row), folded)
+                        self._rows += folded.table.num_rows
             while self._rows > self._limit:
                 _, (_, evicted) = self._entries.popitem(last=False)
-                self._rows -= evicted.num_rows
+                self._rows -= evicted.table.num_rows
 
     def drop(self, batch_ids: Iterable[str]) -> None:
         """Forget these batches."""
@@ -202,7 +278,7 @@ class _FoldCache:
     def _discard(self, batch_id: str) -> None:
         entry = self._entries.pop(batch_id, None)
         if entry is not None:
-            self._rows -= entry[1].num_rows
+            self._rows -= entry[1].table.num_rows
 
 
 class Store:
@@ -394,31 +470,31 @@ class Store:
         results: Sequence[WorkItemResult],
         rows: Mapping[str, dict[str, Any]],
         before: Mapping[str, Mapping[str, Any]],
-    ) -> dict[str, pa.Table]:
-        """Add the results' partials into ``aggregates`` exactly, folded per key first, in one write, and give
-        each batch added to a fresh fold token (in ``rows``). On PostgreSQL the addition happens in SQL
-        (``NUMERIC``); on SQLite (decimal text) in Arrow, over each batch's stored aggregates as they were
-        (``before``) from the cache or read once: then the batches' complete aggregates are returned."""
+    ) -> dict[str, _Written]:
+        """Add the results' partials into ``aggregates`` exactly, in one write, and give each batch added to a fresh
+        fold token (in ``rows``). On PostgreSQL the partials are folded per key and added in SQL (``NUMERIC``); on
+        SQLite (decimal text) in Arrow, to the stored aggregates of the keys they touch, from each batch's stored
+        aggregates as they were (``before``), cached or read once: those and the sums written are returned."""
         if not results:
             return {}
-        folded = _fold(_partials(results))
-        if not folded.num_rows:
+        partials = _partials(results)
+        if not partials.num_rows:
             return {}
-        batch_ids = pc.unique(folded["batch_id"]).to_pylist()
+        batch_ids = sorted(pc.unique(partials["batch_id"]).to_pylist())
         for batch_id in batch_ids:
             rows[batch_id]["fold_token"] = _fresh_token()
         if conn.dialect.name == "postgresql":
+            folded = _fold(partials)
             conn.execute(_PG_UPSERT, {name: _sql_values(folded[name]) for name in folded.column_names})
             return {}
-        stored = pa.concat_tables([self._folds.stored(conn, b, _stamp(before[b])) for b in batch_ids])
-        added = pa.chunked_array([pa.repeat(False, stored.num_rows), pa.repeat(True, folded.num_rows)])
-        summed = _fold(pa.concat_tables([stored, folded]).append_column("added", added), flag="added")
-        touched = summed.filter(summed["added"]).drop_columns(["added"])  # the keys to write
-        summed = summed.drop_columns(["added"])
+        merged = {}
+        for batch_id in batch_ids:
+            added = partials if len(batch_ids) == 1 else partials.filter(pc.equal(partials["batch_id"], batch_id))
+            stored = self._folds.stored(conn, batch_id, _stamp(before[batch_id]))
+            merged[batch_id] = (stored, *stored.plus(added))
+        touched = pa.concat_tables([summed for _, summed, _ in merged.values()])
         conn.exec_driver_sql(_SQLITE_UPSERT, list(zip(*map(_sql_values, touched.columns), strict=True)))
-        if len(batch_ids) == 1:
-            return {batch_ids[0]: summed}
-        return {batch_id: summed.filter(pc.equal(summed["batch_id"], batch_id)) for batch_id in batch_ids}
+        return merged
 
     def mark_claims_deleted(self, batch_id: str) -> None:
         """Record that ``batch_id``'s claim-check blobs are gone."""
@@ -466,30 +542,10 @@ class Store:
 
     def _lock_batches(self, conn: sa.Connection, batch_ids: list[str], now: datetime) -> dict[str, dict[str, Any]]:
         """Create missing batch rows (state ``processing``), then lock all of them in id order."""
-        insert = _dialect_insert(conn)(batches).values(
-            [
-                {
-                    "batch_id": batch_id,
-                    "source": "",
-                    "state": "processing",
-                    "rows": 0,
-                    "accepted": 0,
-                    "rejected": 0,
-                    "work_items": None,
-                    "completed_items": 0,
-                    "poisoned_items": 0,
-                    "transactions_recorded": 0,
-                    "requests": 0,
-                    "updated_at": now,
-                }
-                for batch_id in batch_ids
-            ]
+        conn.execute(
+            _NEW_BATCH[conn.dialect.name], [{**_NEW_BATCH_ROW, "batch_id": b, "updated_at": now} for b in batch_ids]
         )
-        conn.execute(insert.on_conflict_do_nothing(index_elements=["batch_id"]))
-        query = (
-            sa.select(batches).where(batches.c.batch_id.in_(batch_ids)).order_by(batches.c.batch_id).with_for_update()
-        )
-        return {row["batch_id"]: dict(row) for row in conn.execute(query).mappings()}
+        return {row["batch_id"]: dict(row) for row in conn.execute(_LOCK_BATCHES, {"batch_ids": batch_ids}).mappings()}
 
 
 def _normalise_url(url: str) -> sa.URL:
@@ -541,10 +597,6 @@ def _create_engine(url: sa.URL, credential: TokenCredential | None = None) -> sa
     return engine
 
 
-def _dialect_insert(conn: sa.Connection) -> Any:
-    return postgresql.insert if conn.dialect.name == "postgresql" else sqlite.insert
-
-
 T = TypeVar("T")
 
 
@@ -557,10 +609,7 @@ def _recorded_work_items(conn: sa.Connection, ids: list[str]) -> dict[str, str |
     """Work item id → its poison reason (None when it was recorded normally), for those recorded."""
     found: dict[str, str | None] = {}
     for chunk in _chunks(ids, _CHUNK):
-        query = sa.select(work_items.c.work_item_id, work_items.c.poison_reason).where(
-            work_items.c.work_item_id.in_(chunk)
-        )
-        found.update((row.work_item_id, row.poison_reason) for row in conn.execute(query))
+        found.update((row.work_item_id, row.poison_reason) for row in conn.execute(_RECORDED, {"ids": chunk}))
     return found
 
 
@@ -618,9 +667,8 @@ def _partials(results: Sequence[WorkItemResult]) -> pa.Table:
     )
 
 
-def _fold(table: pa.Table, *, flag: str | None = None) -> pa.Table:
-    """``table``'s rows summed per aggregate key, exactly, in key order (key, first currency not null, sums;
-    with ``flag``, the name of a boolean column, whether any of the key's rows had it set, after the currency).
+def _fold(table: pa.Table) -> pa.Table:
+    """``table``'s rows summed per aggregate key, exactly, in key order (key, first currency not null, sums).
 
     Arrow's integer and decimal sums wrap silently on overflow, so a column whose sum might not fit its
     type is summed in a wider one; a sum that does not fit the stored type then raises ``ValueError``.
@@ -631,22 +679,48 @@ def _fold(table: pa.Table, *, flag: str | None = None) -> pa.Table:
         if column.null_count:
             raise ValueError(f"partial aggregates with a null {name}")
         summed[name] = column if _sum_fits(column) else column.cast(_wider(column.type))
-    flags = [] if flag is None else [flag]
-    kept = {name: table[name] for name in (*_AGGREGATE_KEY, "currency", *flags)}
+    kept = {name: table[name] for name in (*_AGGREGATE_KEY, "currency")}
     grouped = (
         pa.table({**kept, **summed})
         .group_by(list(_AGGREGATE_KEY), use_threads=False)
-        .aggregate([("currency", "first"), *((name, "any") for name in flags), *((name, "sum") for name in _SUMMED)])
+        .aggregate([("currency", "first"), *((name, "sum") for name in _SUMMED)])
     )
     folded = pa.table(
         {
             **{key: grouped[key] for key in _AGGREGATE_KEY},
             "currency": grouped["currency_first"],
-            **{name: grouped[f"{name}_any"] for name in flags},
             **{name: grouped[f"{name}_sum"].cast(table.schema.field(name).type) for name in _SUMMED},
         }
     )
     return folded.sort_by([(key, "ascending") for key in _AGGREGATE_KEY])
+
+
+def _plus(added: pa.Table, stored: pa.Table) -> pa.Table:
+    """``added``'s aggregates plus ``stored``'s, row by row (a null ``stored`` row adds nothing), exactly, with the
+    stored currency where there is one; a sum that does not fit its column's type raises ``ValueError``."""
+    summed = {}
+    for name in _SUMMED:
+        column, kind = added[name], added.schema.field(name).type
+        if column.null_count:
+            raise ValueError(f"partial aggregates with a null {name}")
+        if pa.types.is_decimal(kind):  # a sum of two has one digit more: added in a type with room for it
+            wide = pa.decimal256(kind.precision + 1, kind.scale)
+            summed[name] = pc.add(column.cast(wide), pc.fill_null(stored[name], 0).cast(wide)).cast(kind)
+        else:
+            summed[name] = pc.add_checked(column, pc.fill_null(stored[name], 0))
+    return pa.table(
+        {
+            **{key: added[key] for key in _AGGREGATE_KEY},
+            "currency": pc.coalesce(stored["currency"], added["currency"]),
+            **summed,
+        }
+    )
+
+
+def _keys(table: pa.Table) -> Iterator[_Key]:
+    """The key within its batch of each of ``table``'s aggregates."""
+    days = table["billing_day"].cast(pa.int32())
+    return zip(table["account_id"].to_pylist(), table["product"].to_pylist(), days.to_pylist(), strict=True)
 
 
 def _sum_fits(column: pa.ChunkedArray) -> bool:
@@ -711,7 +785,7 @@ def _settle(row: dict[str, Any], now: datetime) -> None:
 
 def _update_batch(conn: sa.Connection, row: dict[str, Any], now: datetime) -> None:
     values = {k: v for k, v in row.items() if k != "batch_id"} | {"updated_at": now}
-    conn.execute(sa.update(batches).where(batches.c.batch_id == row["batch_id"]).values(values))
+    conn.execute(_UPDATE_BATCH, {**values, "row_batch_id": row["batch_id"]})
 
 
 def _status(row: sa.RowMapping) -> BatchStatus:

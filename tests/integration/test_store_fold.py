@@ -20,7 +20,7 @@ from alembic.config import Config
 
 from controller import reports
 from controller.schema import aggregates, batches, work_items
-from controller.store import MIGRATIONS, Store, _fold, _FoldCache, _partials
+from controller.store import MIGRATIONS, Store, _fold, _Folded, _FoldCache, _keys, _partials
 from shared.protocol import PoisonNotice, WorkItemResult
 from support import records
 from support.records import manifest, result
@@ -329,27 +329,31 @@ class _refusing_updates:
 def test_the_fold_cache_keeps_recent_unsettled_batches_within_its_bound(tmp_path: Path) -> None:
     """What the cache gives back, over a real (empty) SQLite database: its entry, or what is stored (nothing)."""
     tables = {b: _fold(_partials([result(f"{b}-w", partial("x"), partial("y"), batch_id=b)])) for b in "abcd"}
-    rows = {b: {"state": "processing", "fold_token": f"t-{b}", "completed_items": 1} for b in "abcd"}
+    tables["big"] = _fold(_partials([result("big-w", *(partial(f"acct-{i}") for i in range(6)), batch_id="big")]))
+    entries = {b: _Folded(table.slice(0, 0)) for b, table in tables.items()}
+    written = {b: (entries[b], table, list(_keys(table))) for b, table in tables.items()}
+    rows = {b: {"state": "processing", "fold_token": f"t-{b}", "completed_items": 1} for b in tables}
     with Store(f"sqlite:///{tmp_path / 'billing.db'}") as store, store.engine.begin() as conn:
         cache = _FoldCache(limit=5)
-        cache.committed({b: rows[b] for b in "ab"}, {b: tables[b] for b in "ab"})
-        assert cache.stored(conn, "a", ("t-a", 1)) is tables["a"]  # now the most recently used
-        cache.committed({"c": rows["c"]}, {"c": tables["c"]})  # 6 rows: the least recently used goes
-        assert cache.stored(conn, "b", ("t-b", 1)).num_rows == 0
-        assert cache.stored(conn, "a", ("t-a", 1)) is tables["a"]
-        assert cache.stored(conn, "c", ("t-c", 1)) is tables["c"]
-        assert cache.stored(conn, "a", ("t-a", 2)).num_rows == 0  # another stamp: read
-        assert cache.stored(conn, "a", ("t-other", 1)).num_rows == 0
+        cache.committed({b: rows[b] for b in "ab"}, {b: written[b] for b in "ab"})
+        assert cache.stored(conn, "a", ("t-a", 1)) is entries["a"]  # now the most recently used
+        assert entries["a"].complete().equals(tables["a"])
+        cache.committed({"c": rows["c"]}, {"c": written["c"]})  # 6 rows: the least recently used goes
+        assert cache.stored(conn, "b", ("t-b", 1)).complete().num_rows == 0
+        assert cache.stored(conn, "a", ("t-a", 1)) is entries["a"]
+        assert cache.stored(conn, "c", ("t-c", 1)) is entries["c"]
+        assert cache.stored(conn, "a", ("t-a", 2)).complete().num_rows == 0  # another stamp: read
+        assert cache.stored(conn, "a", ("t-other", 1)).complete().num_rows == 0
 
-        cache.committed({"c": {**rows["c"], "state": "complete"}, "d": rows["d"]}, {"d": tables["d"]})
-        assert cache.stored(conn, "c", ("t-c", 1)).num_rows == 0  # settled: dropped
-        assert cache.stored(conn, "d", ("t-d", 1)) is tables["d"]
+        cache.committed({"c": {**rows["c"], "state": "complete"}, "d": rows["d"]}, {"d": written["d"]})
+        assert cache.stored(conn, "c", ("t-c", 1)).complete().num_rows == 0  # settled: dropped
+        assert cache.stored(conn, "d", ("t-d", 1)) is entries["d"]
         cache.drop(["d"])
-        assert cache.stored(conn, "d", ("t-d", 1)).num_rows == 0
+        assert cache.stored(conn, "d", ("t-d", 1)).complete().num_rows == 0
 
-        cache.committed({"d": rows["d"]}, {"d": pa.concat_tables([tables["d"]] * 3)})  # beyond the bound alone
-        assert cache.stored(conn, "d", ("t-d", 1)).num_rows == 0
-        assert cache.stored(conn, "a", ("t-a", 1)) is tables["a"]  # and nothing else went for it
+        cache.committed({"big": rows["big"]}, {"big": written["big"]})  # beyond the bound alone
+        assert cache.stored(conn, "big", ("t-big", 1)).complete().num_rows == 0
+        assert cache.stored(conn, "a", ("t-a", 1)) is entries["a"]  # and nothing else went for it
 
 
 def test_migration_0006_adds_to_aggregates_stored_before_it(sql_url: str) -> None:
