@@ -20,7 +20,7 @@ from alembic.config import Config
 
 from controller import reports
 from controller.schema import aggregates, batches, work_items
-from controller.store import MIGRATIONS, Store, _fold, _Folded, _FoldCache, _keys, _partials
+from controller.store import MIGRATIONS, Store, _fold, _FoldCache, _Folded, _keys, _partials
 from shared.protocol import PoisonNotice, WorkItemResult
 from support import records
 from support.records import manifest, result
@@ -97,6 +97,72 @@ def canonical(sums: dict[Key, list[Any]]) -> dict[Key, list[Any]]:
         }
 
 
+def edge_result(rng: random.Random, work_item_id: str, batch_id: str = "b1") -> WorkItemResult:
+    """A work item's partials over a few keys (they repeat across work items), with values at the edges: zero, the
+    smallest quantity, the largest a row can have, money past 2^63; and ``KEYS[7]``, once, 9 x 10^37 minor units
+    (then any sum of it is added in a wider type than the stored one, and still fits that)."""
+    rows = []
+    for key in rng.sample(KEYS[:8], rng.randint(1, 4)):
+        count = rng.randint(1, 10**6)
+        quantity = rng.choice([Decimal(0), Decimal("0.000001"), Decimal("999999999.999999") * count])
+        net = rng.choice([0, 1, 2**63 - 1, rng.randint(0, 10**30)]) if key != KEYS[7] else rng.randint(0, 10**6)
+        rows.append((key, count, quantity, net))
+    if work_item_id.endswith("-w7"):
+        rows = [(KEYS[7], 1, Decimal("0.000001"), 9 * 10**37), *(row for row in rows if row[0] != KEYS[7])]
+    return result(
+        work_item_id,
+        *(
+            partial(
+                account, product=product, day=day, transactions=count, quantity=quantity, net=net, tax=net // 10**10
+            )
+            for (account, product, day), count, quantity, net in rows
+        ),
+        batch_id=batch_id,
+    )
+
+
+def test_the_cached_aggregates_add_key_by_key_like_a_fold_of_everything() -> None:
+    """What the store keeps of a batch (SQLite) after each apply, adding only the keys it touched (compacted
+    now and then), is what one fold of every partial so far gives, in a table at most twice the keys."""
+    rng = random.Random(4)
+    items = [edge_result(rng, f"b1-w{i}") for i in range(120)]
+    everything = _partials(items)
+    folded = _Folded(everything.slice(0, 0))
+    done = 0
+    while done < len(items):
+        call = items[done : done + rng.randint(1, 3)]  # repeated keys within a call, too
+        done += len(call)
+        summed, keys = folded.plus(_partials(call))
+        folded.add(summed, keys)
+        assert sort(folded.complete()).equals(
+            _fold(everything.slice(0, sum(r.partials.num_rows for r in items[:done])))
+        )
+        assert folded.table.num_rows <= 2 * folded.complete().num_rows
+
+
+def sort(table: pa.Table) -> pa.Table:
+    return table.sort_by([(key, "ascending") for key in ("batch_id", "account_id", "product", "billing_day")])
+
+
+@pytest.mark.parametrize("per_call", [1, 3])
+def test_applies_adding_to_few_keys_again_and_again_stay_exact(store: Store, per_call: int) -> None:
+    rng = random.Random(per_call)
+    items = [edge_result(rng, f"b1-w{i}") for i in range(90)]
+    rng.shuffle(items)
+    store.apply([manifest(work_items=len(items), accepted=sum(r.transactions for r in items))], [])
+    for start in range(0, len(items), per_call):
+        store.apply([], items[start : start + per_call] + rng.sample(items[:start], min(start, rng.randint(0, 1))))
+
+    want = reference(items)
+    assert max(values[3] for values in want.values()) > 9 * 10**37
+    assert stored_text(store) == canonical(want)
+    status = store.batch("b1")
+    assert status is not None and (status.state, status.transactions_recorded) == (
+        "complete",
+        sum(r.transactions for r in items),
+    )
+
+
 @pytest.mark.parametrize("seed", [1, 2])
 def test_fold_matches_the_exact_reference(store: Store, seed: int) -> None:
     rng = random.Random(seed)
@@ -141,13 +207,13 @@ def test_sums_an_arrow_decimal_would_overflow_stay_exact(store: Store) -> None:
     assert (row["net"], row["total"], row["transactions"]) == (huge + 10, huge + 10, 11)
 
 
-@pytest.mark.parametrize(
-    "rows",
-    [
-        [partial(net=9 * 10**37, tax=0), partial(net=9 * 10**37, tax=0)],  # passes NUMERIC(38, 0)
-        [partial(transactions=2**62), partial(transactions=2**62)],  # passes a 64-bit count
-    ],
-)
+BEYOND_THE_STORED_TYPE = [
+    [partial(net=9 * 10**37, tax=0), partial(net=9 * 10**37, tax=0)],  # passes NUMERIC(38, 0)
+    [partial(transactions=2**62), partial(transactions=2**62)],  # passes a 64-bit count
+]
+
+
+@pytest.mark.parametrize("rows", BEYOND_THE_STORED_TYPE)
 def test_a_sum_beyond_the_stored_type_records_nothing(store: Store, rows: list[dict[str, Any]]) -> None:
     store.apply([manifest(work_items=2, accepted=2)], [])
     with pytest.raises(ValueError):
@@ -156,6 +222,20 @@ def test_a_sum_beyond_the_stored_type_records_nothing(store: Store, rows: list[d
     status = store.batch("b1")
     assert status is not None and (status.completed_items, status.transactions_recorded) == (0, 0)
     assert reports.aggregates(store, "b1").empty
+
+
+@pytest.mark.parametrize("rows", BEYOND_THE_STORED_TYPE)
+def test_a_sum_beyond_the_stored_type_over_two_applies_records_nothing_of_the_second(
+    store: Store, rows: list[dict[str, Any]]
+) -> None:
+    store.apply([manifest(work_items=2, accepted=2)], [result("w1", rows[0], transactions=1)])
+    before = reports.aggregates(store, "b1")
+    with pytest.raises((ValueError, sa.exc.DataError)):  # added in Arrow on SQLite, in SQL on PostgreSQL
+        store.apply([], [result("w2", rows[1], transactions=1)])
+
+    status = store.batch("b1")
+    assert status is not None and (status.completed_items, status.transactions_recorded) == (1, 1)
+    assert reports.aggregates(store, "b1").equals(before)
 
 
 def test_refusal_after_results_forgets_the_batch(store: Store) -> None:
