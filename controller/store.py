@@ -18,6 +18,7 @@ that adding to them needs no read; each batch's ``fold_token`` tells whether the
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import threading
 import uuid
 from collections import OrderedDict
@@ -68,6 +69,8 @@ _SQLITE_BATCH = f"SELECT {', '.join(_FOLD_SCHEMA.names)} FROM aggregates WHERE b
 #: ~410 MiB peak RSS without it (the target is 500 MiB at 10,000,000 rows). A 1,000,000-row sample batch has
 #: ~46,000 keys, and as many at 10,000,000 rows (the key space, not the batch, sets the size): five batches.
 _CACHED_ROWS = 250_000
+#: Chunks of a batch's cached aggregates beyond which they are made one (taking rows from many costs more).
+_CHUNKS = 8
 #: States in which a batch's aggregates never change again: nothing to gain from caching them.
 _SETTLED = frozenset({"complete", "refused"})
 #: Sets a fold's sums on SQLite, binding the canonical decimal text Arrow wrote (no conversion per value).
@@ -174,8 +177,8 @@ class ApplyOutcome:
 
 #: What a batch row says of its aggregates: their fold token, and its completed work items.
 _Stamp = tuple[str | None, int]
-#: An aggregate's key within its batch: account, product, billing day (days since 1970-01-01).
-_Key = tuple[str, str, int]
+#: An aggregate's key within its batch (see :func:`_keys`).
+_Key = str
 
 
 class _Folded:
@@ -190,10 +193,10 @@ class _Folded:
     def plus(self, added: pa.Table) -> tuple[pa.Table, list[_Key]]:
         """``added`` (aggregates of the batch) plus what is stored for their keys, exactly: a row per key, and
         the keys in the same order (for :meth:`add`)."""
-        keys = list(_keys(added))
+        keys = _keys(added)
         if len(set(keys)) < len(keys):
             added = _fold(added)
-            keys = list(_keys(added))
+            keys = _keys(added)
         rows = self._rows
         stored = self.table.take(pa.array([rows.get(key) for key in keys], pa.int64()))
         return _plus(added, stored), keys
@@ -206,6 +209,8 @@ class _Folded:
         if self.table.num_rows > 2 * len(self._rows):
             self.table = self.complete().combine_chunks()
             self._rows = dict(zip(self._rows, range(len(self._rows)), strict=True))
+        elif self.table.column(0).num_chunks > _CHUNKS:
+            self.table = self.table.combine_chunks()
 
     def complete(self) -> pa.Table:
         """The batch's aggregates, a row per key."""
@@ -493,7 +498,9 @@ class Store:
             stored = self._folds.stored(conn, batch_id, _stamp(before[batch_id]))
             merged[batch_id] = (stored, *stored.plus(added))
         touched = pa.concat_tables([summed for _, summed, _ in merged.values()])
-        conn.exec_driver_sql(_SQLITE_UPSERT, list(zip(*map(_sql_values, touched.columns), strict=True)))
+        values = zip(*map(_sql_values, touched.columns), strict=True)
+        while chunk := list(itertools.islice(values, _CHUNK)):  # a few rows at a time: no pile of young tuples
+            conn.exec_driver_sql(_SQLITE_UPSERT, chunk)
         return merged
 
     def mark_claims_deleted(self, batch_id: str) -> None:
@@ -717,10 +724,14 @@ def _plus(added: pa.Table, stored: pa.Table) -> pa.Table:
     )
 
 
-def _keys(table: pa.Table) -> Iterator[_Key]:
-    """The key within its batch of each of ``table``'s aggregates."""
-    days = table["billing_day"].cast(pa.int32())
-    return zip(table["account_id"].to_pylist(), table["product"].to_pylist(), days.to_pylist(), strict=True)
+def _keys(table: pa.Table) -> list[_Key]:
+    """The key within its batch of each of ``table``'s aggregates, as one string (hashed once, unlike a tuple): the
+    account's length, the account, the product and the day's number, joined by NUL. The day's number holds no NUL
+    and the length tells where the account ends, so two keys are one string only when they are one key."""
+    account, day = table["account_id"], table["billing_day"].cast(pa.int32()).cast(pa.string())
+    length = pc.utf8_length(account).cast(pa.string())
+    keys: list[_Key] = pc.binary_join_element_wise(length, account, table["product"], day, "\0").to_pylist()
+    return keys
 
 
 def _sum_fits(column: pa.ChunkedArray) -> bool:

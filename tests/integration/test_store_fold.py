@@ -140,6 +140,21 @@ def test_the_cached_aggregates_add_key_by_key_like_a_fold_of_everything() -> Non
         assert folded.table.num_rows <= 2 * folded.complete().num_rows
 
 
+def test_two_keys_are_one_string_only_when_they_are_one_key() -> None:
+    names = ["", "a", "b", "1", "a\x00b", "b\x001", "\x00", "1\x00a", "é", "é\x00", "11"]
+    keys = [(account, product, day) for account in names for product in names for day in (-1, 0, 1, 11)]
+    table = pa.table(
+        {
+            "account_id": [account for account, _, _ in keys],
+            "product": [product for _, product, _ in keys],
+            "billing_day": pa.array([day for _, _, day in keys], pa.int32()).cast(pa.date32()),
+        }
+    )
+    assert len(set(_keys(table))) == len(keys)
+    again = _keys(pa.concat_tables([table.slice(len(keys) // 2, 1)] * 2))
+    assert again[0] == again[1]
+
+
 def sort(table: pa.Table) -> pa.Table:
     return table.sort_by([(key, "ascending") for key in ("batch_id", "account_id", "product", "billing_day")])
 
