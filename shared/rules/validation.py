@@ -196,7 +196,7 @@ def validate(
 def _duplicates(ids: pa.Array, valid: np.ndarray, seen: TransactionIdSet) -> np.ndarray:
     """Positions in ``valid`` (ascending row indices) whose id was seen before; updates ``seen``.
 
-    Exact within the chunk (strings are compared); across chunks by the 128-bit hash set.
+    Exact within the chunk (strings are compared); across chunks by the 96-bit hash set.
     """
     if not len(valid):
         return np.zeros(0, dtype=bool)
