@@ -31,6 +31,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Self, TypeVar
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import sqlalchemy as sa
@@ -65,12 +66,12 @@ _ARROW_TYPES = {**{f.name: f.type for f in PARTIAL_SCHEMA}, "batch_id": pa.strin
 _FOLD_SCHEMA = pa.schema([(name, _ARROW_TYPES[name]) for name in _AGGREGATE_KEY + _AGGREGATE_VALUES])
 #: Reads one batch's stored aggregates on SQLite, as a fold's columns.
 _SQLITE_BATCH = f"SELECT {', '.join(_FOLD_SCHEMA.names)} FROM aggregates WHERE batch_id = ?"
-#: At most this many aggregate rows cached per store: ~145 bytes each in Arrow, ~35 MiB, beside the controller's
-#: ~410 MiB peak RSS without it (the target is 500 MiB at 10,000,000 rows). A 1,000,000-row sample batch has
-#: ~46,000 keys, and as many at 10,000,000 rows (the key space, not the batch, sets the size): five batches.
+#: At most this many aggregates (keys) cached per store: ~280 bytes each (measured on the 1,000,000-row bench batch:
+#: the key's index entry ~140, its currency and sums ~80 in arrays that may have as much room again): at most ~85 MiB
+#: with five batches of ~46,000 keys (what a 1,000,000-row sample batch has, and as many at 10,000,000 rows: the
+#: key space, not the batch, sets the size), ~15 MiB for one, beside the controller's ~410 MiB peak RSS without it
+#: (the target is 500 MiB at 10,000,000 rows).
 _CACHED_ROWS = 250_000
-#: Chunks of a batch's cached aggregates beyond which they are made one (taking rows from many costs more).
-_CHUNKS = 8
 #: States in which a batch's aggregates never change again: nothing to gain from caching them.
 _SETTLED = frozenset({"complete", "refused"})
 #: Sets a fold's sums on SQLite, binding the canonical decimal text Arrow wrote (no conversion per value).
@@ -183,48 +184,82 @@ _Key = str
 
 class _Folded:
     """A batch's complete stored aggregates (SQLite), held so that adding to some of its keys costs what those
-    keys cost, whatever the batch's size: a table the sums of each write are appended to, and each key's row in
-    it. Rows a later sum superseded stay until they are as many as the live ones; the table is compacted then."""
+    keys cost, whatever the batch's size: each key's row, and the rows' currency and sums in arrays rewritten in
+    place (a decimal as its 16 bytes: copied, never converted). Row 0 has no currency and zero sums: what a key
+    not stored yet has."""
 
     def __init__(self, table: pa.Table) -> None:
-        self.table = table
-        self._rows: dict[_Key, int] = dict(zip(_keys(table), range(table.num_rows), strict=True))
+        self._rows: dict[_Key, int] = dict(zip(_keys(table), range(1, table.num_rows + 1), strict=True))
+        self._columns = {name: np.concatenate([_array(name, 1), _numpy(table[name])]) for name in _AGGREGATE_VALUES}
 
-    def plus(self, added: pa.Table) -> tuple[pa.Table, list[_Key]]:
-        """``added`` (aggregates of the batch) plus what is stored for their keys, exactly: a row per key, and
-        the keys in the same order (for :meth:`add`)."""
+    def __len__(self) -> int:
+        """How many aggregates (keys)."""
+        return len(self._rows)
+
+    def plus(self, added: pa.Table) -> _Summed:
+        """``added`` (aggregates of the batch) plus what is stored for their keys, exactly: a row per key."""
         keys = _keys(added)
         if len(set(keys)) < len(keys):
             added = _fold(added)
             keys = _keys(added)
         rows = self._rows
-        stored = self.table.take(pa.array([rows.get(key) for key in keys], pa.int64()))
-        return _plus(added, stored), keys
+        at = np.array([rows.get(key, 0) for key in keys], np.int64)
+        stored = {name: _arrow(column[at], _ARROW_TYPES[name]) for name, column in self._columns.items()}
+        return _Summed(_plus(added, stored), keys, at)
 
-    def add(self, summed: pa.Table, keys: list[_Key]) -> None:
-        """Take ``summed``'s rows (complete sums of ``keys``, one row each) as their keys' aggregates."""
-        start = self.table.num_rows
-        self.table = pa.concat_tables([self.table, summed])
-        self._rows.update(zip(keys, range(start, self.table.num_rows), strict=True))
-        if self.table.num_rows > 2 * len(self._rows):
-            self.table = self.complete().combine_chunks()
-            self._rows = dict(zip(self._rows, range(len(self._rows)), strict=True))
-        elif self.table.column(0).num_chunks > _CHUNKS:
-            self.table = self.table.combine_chunks()
-
-    def complete(self) -> pa.Table:
-        """The batch's aggregates, a row per key."""
-        return self.table.take(pa.array(self._rows.values(), pa.int64()))
+    def add(self, summed: _Summed) -> None:
+        """Take what :meth:`plus` gave, and nothing changed since, as its keys' aggregates."""
+        rows, at = self._rows, summed.rows
+        new = np.flatnonzero(at == 0)
+        if len(new):
+            start = len(rows) + 1
+            rows.update(zip([summed.keys[i] for i in new], range(start, start + len(new)), strict=True))
+            at[new] = np.arange(start, start + len(new))
+        for name, column in self._columns.items():
+            if len(rows) >= len(column):  # full: room for twice as many
+                column = self._columns[name] = np.concatenate([column, _array(name, max(len(column), len(rows)))])
+            column[at] = _numpy(summed.table[name])
 
 
-#: What an apply wrote of one batch's aggregates (SQLite): the batch's stored aggregates it added to, the sums
-#: written (see :meth:`_Folded.plus`) and their keys.
-_Written = tuple[_Folded, pa.Table, list[_Key]]
+@dataclass(frozen=True)
+class _Summed:
+    """What :meth:`_Folded.plus` made: the sums (a row per key), their keys, each key's row (0: none yet)."""
+
+    table: pa.Table
+    keys: list[_Key]
+    rows: np.ndarray
+
+
+def _array(name: str, length: int) -> np.ndarray:
+    """Room for ``length`` values of aggregate column ``name`` as :class:`_Folded` holds them: no currency, zeros."""
+    if name == "currency":
+        return np.full(length, None, object)
+    return np.zeros(length, "V16" if pa.types.is_decimal(_ARROW_TYPES[name]) else np.int64)
+
+
+def _numpy(column: pa.ChunkedArray) -> np.ndarray:
+    """A column without nulls as :class:`_Folded` holds it: decimals as their 16 bytes, text as objects."""
+    array = column.combine_chunks()
+    if pa.types.is_decimal(array.type):
+        return np.frombuffer(array.buffers()[1], "V16", len(array), array.offset * 16)
+    values: np.ndarray = array.to_numpy(zero_copy_only=False)
+    return values
+
+
+def _arrow(values: np.ndarray, kind: pa.DataType) -> pa.Array:
+    """The Arrow column of ``kind`` that :func:`_numpy` made ``values`` from (a currency None is null)."""
+    if pa.types.is_decimal(kind):
+        return pa.Array.from_buffers(kind, len(values), [None, pa.py_buffer(values)])
+    return pa.array(values, kind)
+
+
+#: What an apply wrote of one batch's aggregates (SQLite): the batch's stored aggregates it added to, the sums.
+_Written = tuple[_Folded, _Summed]
 
 
 class _FoldCache:
     """The complete stored aggregates of the batches a store added to lately (SQLite), so that adding to them
-    again needs no read: at most :data:`_CACHED_ROWS` rows, the least recently used batch evicted first, a batch
+    again needs no read: at most :data:`_CACHED_ROWS` aggregates, the least recently used batch evicted first, a batch
     settled ``complete`` or ``refused`` dropped (nothing adds to it again).
 
     Why it is exact whatever else writes to the database: every write of a batch's aggregates, by any store,
@@ -265,14 +300,14 @@ class _FoldCache:
                     continue  # its aggregates not written: an entry is still what is stored
                 self._discard(batch_id)
                 if written is not None and not settled:
-                    folded, summed, keys = written
-                    folded.add(summed, keys)
-                    if folded.table.num_rows <= self._limit:
+                    folded, summed = written
+                    folded.add(summed)
+                    if len(folded) <= self._limit:
                         self._entries[batch_id] = (_stamp(row), folded)
-                        self._rows += folded.table.num_rows
+                        self._rows += len(folded)
             while self._rows > self._limit:
                 _, (_, evicted) = self._entries.popitem(last=False)
-                self._rows -= evicted.table.num_rows
+                self._rows -= len(evicted)
 
     def drop(self, batch_ids: Iterable[str]) -> None:
         """Forget these batches."""
@@ -283,7 +318,7 @@ class _FoldCache:
     def _discard(self, batch_id: str) -> None:
         entry = self._entries.pop(batch_id, None)
         if entry is not None:
-            self._rows -= entry[1].table.num_rows
+            self._rows -= len(entry[1])
 
 
 class Store:
@@ -496,8 +531,8 @@ class Store:
         for batch_id in batch_ids:
             added = partials if len(batch_ids) == 1 else partials.filter(pc.equal(partials["batch_id"], batch_id))
             stored = self._folds.stored(conn, batch_id, _stamp(before[batch_id]))
-            merged[batch_id] = (stored, *stored.plus(added))
-        touched = pa.concat_tables([summed for _, summed, _ in merged.values()])
+            merged[batch_id] = (stored, stored.plus(added))
+        touched = pa.concat_tables([summed.table for _, summed in merged.values()])
         values = zip(*map(_sql_values, touched.columns), strict=True)
         while chunk := list(itertools.islice(values, _CHUNK)):  # a few rows at a time: no pile of young tuples
             conn.exec_driver_sql(_SQLITE_UPSERT, chunk)
@@ -702,9 +737,9 @@ def _fold(table: pa.Table) -> pa.Table:
     return folded.sort_by([(key, "ascending") for key in _AGGREGATE_KEY])
 
 
-def _plus(added: pa.Table, stored: pa.Table) -> pa.Table:
-    """``added``'s aggregates plus ``stored``'s, row by row (a null ``stored`` row adds nothing), exactly, with the
-    stored currency where there is one; a sum that does not fit its column's type raises ``ValueError``."""
+def _plus(added: pa.Table, stored: Mapping[str, pa.Array]) -> pa.Table:
+    """``added``'s aggregates plus the ``stored`` columns, row by row, exactly, with the stored currency where there
+    is one; a sum that does not fit its column's type raises ``ValueError``."""
     summed = {}
     for name in _SUMMED:
         column, kind = added[name], added.schema.field(name).type
@@ -712,9 +747,9 @@ def _plus(added: pa.Table, stored: pa.Table) -> pa.Table:
             raise ValueError(f"partial aggregates with a null {name}")
         if pa.types.is_decimal(kind):  # a sum of two has one digit more: added in a type with room for it
             wide = pa.decimal256(kind.precision + 1, kind.scale)
-            summed[name] = pc.add(column.cast(wide), pc.fill_null(stored[name], 0).cast(wide)).cast(kind)
+            summed[name] = pc.add(column.cast(wide), stored[name].cast(wide)).cast(kind)
         else:
-            summed[name] = pc.add_checked(column, pc.fill_null(stored[name], 0))
+            summed[name] = pc.add_checked(column, stored[name])
     return pa.table(
         {
             **{key: added[key] for key in _AGGREGATE_KEY},
