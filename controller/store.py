@@ -208,7 +208,8 @@ class _Folded:
         return _Summed(_plus(added, stored), keys, at)
 
     def add(self, summed: _Summed) -> None:
-        """Take what :meth:`plus` gave, and nothing changed since, as its keys' aggregates."""
+        """Take what :meth:`plus` gave, and nothing changed since, as its keys' aggregates (the new keys get their
+        rows here, in ``summed.rows`` too)."""
         rows, at = self._rows, summed.rows
         new = np.flatnonzero(at == 0)
         if len(new):
@@ -412,7 +413,7 @@ class Store:
         arrives after a replay: it is then recorded like any other and the batch can still complete.
         A refused manifest deletes whatever of its batch was already counted (aggregates, rejects,
         ``transactions_recorded``); later results of a refused batch are recorded but never counted.
-        The partials of all new work items are folded together in Arrow and written in one statement.
+        The partials of all new work items are added up in Arrow and written with one upsert statement.
         """
         first_manifests: dict[str, Manifest] = {}
         for manifest in manifests:
