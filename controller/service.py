@@ -71,11 +71,13 @@ class Controller(Service):
         self.store = store
         self._sql = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sql")
         self.claim_check = ClaimCheck(storage, container=settings.work_container, limit=settings.max_message_bytes)
-        # SQL writes serialise per batch anyway: one dequeue task, full batches.
+        # SQL writes serialise per batch anyway: one dequeue task, and no receive while a fold is
+        # written, so that the next takes all that arrived meanwhile (a fold's cost is mostly per
+        # transaction: 32 results messages at once cost 0.9 CPU s per 1M rows, one at a time 1.6).
         poison = PoisonQueue(
             storage, self.claim_check, on_poisoned=notify_controller(self.claim_check, settings.results_queue)
         )
-        self.listen(settings.results_queue, self.handle, poison=poison, max_tasks=1)
+        self.listen(settings.results_queue, self.handle, poison=poison, max_tasks=1, prefetch=False)
         self.repeat(min(CLEAN_UP_INTERVAL, max(1.0, settings.claim_check_retention)), self.clean_up)
         if storage.secondary is not None and settings.enable_syphon:
             add_syphon(self)

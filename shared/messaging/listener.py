@@ -1,7 +1,9 @@
 """The auto-scaling queue listener every role runs (the whitepaper's listener, in asyncio).
 
 Dequeue tasks receive up to ``dequeue_batch_size`` messages per call and hand each batch to the
-role's handler; while a task's handler works on one batch, the task already receives the next.
+role's handler; while a task's handler works on one batch, the task already receives the next
+(``prefetch``; without it, the next receive waits for the handler and takes what arrived meanwhile:
+fewer, fuller batches for a handler whose cost is mostly per batch).
 After the ``n``-th consecutive empty poll a task sleeps :func:`idle_delay`; once that sleep reaches
 ``max_idle_interval`` the task exits unless it is the last one. In push mode (a trigger bus wakes
 the listener) the last one exits too, and the listener makes only a slow, jittered safety poll
@@ -66,6 +68,7 @@ class ListenerSettings:
     push: bool = False
     safety_poll_interval: float = 300.0
     delete_on_receive: bool = False
+    prefetch: bool = True
 
     @classmethod
     def from_settings(cls, settings: Settings, **overrides: Any) -> ListenerSettings:
@@ -359,6 +362,9 @@ class QueueListener:
                 if pending is not None:
                     await pending
                 pending = asyncio.create_task(self._process(messages, received), name=f"{self.name}-process")
+                if not self._settings.prefetch:
+                    await pending
+                    pending = None
         except asyncio.CancelledError:
             if pending is not None:
                 pending.cancel()  # a shutdown past its deadline: run() hands its messages back

@@ -356,3 +356,27 @@ async def test_cancelled_handling_hands_messages_back_at_once(storage: Storage, 
     again = [m async for m in storage.queue(settings_env.requests_queue).receive_messages(max_messages=32)]
     assert sorted(m.content for m in again) == ["m0", "m1", "m2"]
     assert {m.dequeue_count for m in again} == {2}
+
+
+async def test_without_prefetch_the_next_batch_takes_what_arrived_while_handling(
+    storage: Storage, settings_env: Settings
+) -> None:
+    batches: list[int] = []
+    handling = asyncio.Event()
+    sent = asyncio.Event()
+
+    async def handler(messages: list[QueueMessage]) -> Mapping[str, str]:
+        batches.append(len(messages))
+        if len(batches) == 1:
+            handling.set()
+            await sent.wait()  # more messages arrive while this batch is handled
+        return {}
+
+    await _send(storage, settings_env, 1)
+    listener = listener_on(storage, settings_env, handler, max_tasks=1, prefetch=False)
+    running = asyncio.create_task(listener.run())
+    await asyncio.wait_for(handling.wait(), 15)
+    await _send(storage, settings_env, 5)
+    sent.set()
+    await asyncio.wait_for(running, 30)
+    assert batches == [1, 5], "received only once the first batch was handled: all five at once"
