@@ -24,8 +24,8 @@ from shared.rules.validation import TransactionIdSet, validate
 
 #: Accepted rows go out grouped by the aggregate key (account, product, billing day) within windows of
 #: the file, so that each work item covers few keys: fewer partial aggregates to rate, send and fold.
-#: Measured on the sample 1M-row file: 911,000 partial rows in file order, 475,000 sorted by chunk of 50,000
-#: rows, 182,000 by window of 200,000. The first window is the first chunk, so rating starts as soon; each
+#: Measured on a sample 1M-row file: 911,000 partial rows in file order, 475,000 sorted by chunk of 50,000
+#: rows, 194,000 grouped by window of 200,000. The first window is the first chunk, so rating starts as soon; each
 #: next one is twice the last, up to ``WINDOW_ROWS`` (~20 MB of accepted rows held).
 WINDOW_ROWS = 200_000
 
@@ -94,8 +94,8 @@ class Debatch:
 
 def _grouped(table: pa.Table) -> np.ndarray:
     """An order of ``table``'s rows by account and product, each in order of first appearance (a
-    sort of integers, several times faster than of the strings), then file order. Rows of a key
-    lie close enough together that sorting by time too saved no partial aggregate (measured)."""
+    sort of integers, several times faster than of the strings), then file order. Sorting each key's
+    rows by time too saved 0.4 % of the partial aggregates (measured): not worth its CPU."""
     account, product = (pc.dictionary_encode(table.column(name).chunk(0)) for name in ("account_id", "product"))
     key = account.indices.to_numpy().astype(np.int64) * len(product.dictionary) + product.indices.to_numpy()
     order: np.ndarray = np.argsort(key, kind="stable")
