@@ -84,23 +84,25 @@ async def test_server_busy_waits_and_never_fails_over(settings_env: Settings, mo
 
 
 async def test_a_failed_over_destination_no_one_sends_to_turns_healthy_by_probe(settings_env: Settings) -> None:
+    interval = 2.0  # the probe interval: long beside the steps between two probes, however loaded the machine
     destination = settings_env.results_queue
     async with Storage(Settings()) as direct:
         await direct.ensure(queues=[destination])
     with FaultProxy(Settings().storage_connection_string.get_secret_value()) as proxy:  # type: ignore[union-attr]
         proxy.outage(3600, services=("queue",))  # connections reset until restored
-        async with Storage(account(proxy.connection_string, failover_interval=0)) as storage:
+        settings = account(proxy.connection_string, failover_interval=0, failover_probe_interval=interval)
+        async with Storage(settings) as storage:
             assert storage.secondary is not None and storage.failover is not None
             await storage.secondary.ensure(queues=storage.settings.backlog_queues)
             await storage.send(destination, "while down")
             assert storage.failover.state()[destination]["health"] == "failed_over"
-            await asyncio.sleep(0.6)  # the probe interval (0.5 s) has passed
+            await asyncio.sleep(interval + 0.1)  # a probe is due
             await storage.failover.probe()
             assert storage.failover.state()[destination]["health"] == "failed_over", "still down"
             asked = proxy.injected["queue"].total()
             await storage.failover.probe()
             assert proxy.injected["queue"].total() == asked, "no probe before the next is due"
             proxy.restore()
-            await asyncio.sleep(0.6)
+            await asyncio.sleep(interval + 0.1)
             await storage.failover.probe()
             assert storage.failover.state()[destination] == {"health": "healthy", "failovers": 1, "backlog_sent": 1}
