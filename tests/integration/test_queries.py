@@ -26,6 +26,7 @@ from controller.queries import Filters
 from controller.store import Store
 from shared.protocol import PoisonNotice
 from shared.rules.sample import generate
+from support.benchmarks import run_benchmark
 from support.exact import expected, read_raw
 from support.records import manifest, partial, result
 from support.reports import BIG, HOSTILE, fill
@@ -219,30 +220,8 @@ def test_query_benchmark_runs_at_a_small_size(postgres_url: str, tmp_path: Path)
         conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
     try:
         url = sa.make_url(postgres_url).set(database=name).render_as_string(hide_password=False)
-        output = tmp_path / "bench.json"
-        done = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "benchmarks.queries",
-                "--sql-url",
-                url,
-                "--rows",
-                "20000",
-                "--accounts",
-                "50",
-                "--repeat",
-                "5",
-                "--output",
-                str(output),
-            ],
-            capture_output=True,
-            text=True,
-            timeout=300,
-            check=False,
-        )
-        assert done.returncode == 0, done.stderr
-        measured = json.loads(output.read_text())
+        options = ["--sql-url", url, "--rows", "20000", "--accounts", "50", "--repeat", "5"]
+        measured = run_benchmark("queries", *options, output=tmp_path / "bench.json")
         assert measured["rows"] == 20000 and measured["median_ms"] > 0
         assert measured["invoice_rows_per_query"] >= 1  # each account has March rows in one or two currencies
         with Store(url) as store:

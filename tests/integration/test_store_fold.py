@@ -4,10 +4,7 @@ exact reference (Python ints and ``decimal``)."""
 
 from __future__ import annotations
 
-import json
 import random
-import subprocess
-import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, date, datetime, timedelta, timezone
@@ -27,6 +24,7 @@ from controller.store import MIGRATIONS, Store, _fold, _FoldCache, _Folded, _key
 from shared.protocol import PoisonNotice, WorkItemResult
 from shared.rules.sample import generate
 from support import records
+from support.benchmarks import run_benchmark
 from support.records import manifest, result
 
 ACCOUNTS = [f"acct-{i}" for i in range(5)]
@@ -494,17 +492,9 @@ def test_migration_0006_adds_to_aggregates_stored_before_it(sql_url: str) -> Non
 def test_store_apply_benchmark_runs_at_a_small_size(tmp_path: Path) -> None:
     """``benchmarks.store_apply`` end to end on a generated 20,000-row file (the 1,000,000-row figures in the
     README are measured by hand): it cuts, rates and applies the batch to completion, in two group sizes."""
-    source, output = tmp_path / "batch.csv", tmp_path / "apply.json"
+    source = tmp_path / "batch.csv"
     generate(20_000, source, seed=3)
-    options = ["--groups", "1,4", "--repeat", "1", "--work-item-size", "1000", "--output", str(output)]
-    done = subprocess.run(
-        [sys.executable, "-m", "benchmarks.store_apply", str(source), *options],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
-    measured = json.loads(output.read_text())
+    options = ["--groups", "1,4", "--repeat", "1", "--work-item-size", "1000"]
+    measured = run_benchmark("store_apply", str(source), *options, output=tmp_path / "apply.json")
     assert 19_000 < measured["transactions"] <= 20_000 and measured["partials"] > 0
     assert set(measured["groups"]) == {"1", "4"} and all(g["cpu_seconds"] > 0 for g in measured["groups"].values())
