@@ -535,7 +535,7 @@ class Store:
             merged[batch_id] = (stored, stored.plus(added))
         touched = pa.concat_tables([summed.table for _, summed in merged.values()])
         values = zip(*map(_sql_values, touched.columns), strict=True)
-        while chunk := list(itertools.islice(values, _CHUNK)):  # a few rows at a time: no pile of young tuples
+        for chunk in _chunks(values, _CHUNK):  # a few rows at a time: no pile of young tuples
             conn.exec_driver_sql(_SQLITE_UPSERT, chunk)
         return merged
 
@@ -643,9 +643,11 @@ def _create_engine(url: sa.URL, credential: TokenCredential | None = None) -> sa
 T = TypeVar("T")
 
 
-def _chunks(items: Sequence[T], size: int) -> Iterator[Sequence[T]]:
-    for start in range(0, len(items), size):
-        yield items[start : start + size]
+def _chunks(items: Iterable[T], size: int) -> Iterator[list[T]]:
+    """``items`` as lists of at most ``size``, taken as they come (an iterator is never held whole)."""
+    iterator = iter(items)
+    while chunk := list(itertools.islice(iterator, size)):
+        yield chunk
 
 
 def _recorded_work_items(conn: sa.Connection, ids: list[str]) -> dict[str, str | None]:
@@ -701,8 +703,12 @@ def _insert_rejects(conn: sa.Connection, manifest: Manifest) -> None:
 
 
 def _partials(results: Sequence[WorkItemResult]) -> pa.Table:
-    """The results' partials as one table with a ``batch_id`` column and ``billing_day`` as a date (checked)."""
+    """The results' partials as one table with a ``batch_id`` column and ``billing_day`` as a date (checked);
+    a null sum raises ``ValueError``."""
     table = pa.concat_tables([result.partials for result in results])
+    for name in _SUMMED:
+        if table[name].null_count:
+            raise ValueError(f"partial aggregates with a null {name}")
     batch_ids = pa.chunked_array([pa.repeat(r.batch_id, r.partials.num_rows) for r in results], pa.string())
     day = table.schema.get_field_index("billing_day")
     return table.set_column(day, "billing_day", table["billing_day"].cast(pa.date32())).add_column(
@@ -719,8 +725,6 @@ def _fold(table: pa.Table) -> pa.Table:
     summed = {}
     for name in _SUMMED:
         column = table[name]
-        if column.null_count:
-            raise ValueError(f"partial aggregates with a null {name}")
         summed[name] = column if _sum_fits(column) else column.cast(_wider(column.type))
     kept = {name: table[name] for name in (*_AGGREGATE_KEY, "currency")}
     grouped = (
@@ -744,8 +748,6 @@ def _plus(added: pa.Table, stored: Mapping[str, pa.Array]) -> pa.Table:
     summed = {}
     for name in _SUMMED:
         column, kind = added[name], added.schema.field(name).type
-        if column.null_count:
-            raise ValueError(f"partial aggregates with a null {name}")
         if pa.types.is_decimal(kind):  # a sum of two has one digit more: added in a type with room for it
             wide = pa.decimal256(kind.precision + 1, kind.scale)
             summed[name] = pc.add(column.cast(wide), stored[name].cast(wide)).cast(kind)

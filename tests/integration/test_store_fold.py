@@ -257,6 +257,16 @@ def test_a_sum_beyond_the_stored_type_over_two_applies_records_nothing_of_the_se
     assert reports.aggregates(store, "b1").equals(before)
 
 
+def test_a_null_sum_records_nothing(store: Store) -> None:
+    store.apply([manifest(work_items=1, accepted=1)], [])
+    with pytest.raises(ValueError, match="null net"):
+        store.apply([], [result("w1", partial() | {"net": None})])
+
+    status = store.batch("b1")
+    assert status is not None and (status.completed_items, status.transactions_recorded) == (0, 0)
+    assert reports.aggregates(store, "b1").empty
+
+
 def test_refusal_after_results_forgets_the_batch(store: Store) -> None:
     store.apply([manifest("other", work_items=1, accepted=1)], [result("o1", batch_id="other")])
     store.apply([], [result("w1", partial(net=10**20)), result("w2", partial("acct-2"))])
