@@ -25,6 +25,7 @@ from shared.protocol import Manifest, WorkHeader, WorkItemResult, parse_results
 from shared.rules.reference import load_price_book, load_tax_table
 from shared.rules.sample import sample_price_book_bytes, sample_tax_table_bytes
 from shared.rules.schemas import REJECT_SCHEMA
+from shared.settings import Settings
 
 BATCH = "bench"
 
@@ -33,7 +34,7 @@ def rated(source: Path, price_book: bytes, tax_table: bytes, *, work_item_size: 
     """The results messages of ``source`` (CSV) as the controller reads them, one per work item."""
     book, taxes = load_price_book(price_book), load_tax_table(tax_table)
     references = {book.content_hash: price_book, taxes.content_hash: tax_table}
-    debatch = Debatch(book, taxes, work_item_size=work_item_size, inline_bytes=60_000)
+    debatch = Debatch(book, taxes, work_item_size=work_item_size)
     messages = []
     with source.open("rb") as stream:
         for index, (rows, encoded) in enumerate(debatch.items(stream, "csv")):
@@ -78,7 +79,12 @@ def apply_cpu(messages: list[list[WorkItemResult]], group: int) -> float:
 @click.option("--repeat", type=click.IntRange(1), default=3, show_default=True)
 @click.option("--pricebook", type=click.Path(exists=True, dir_okay=False, path_type=Path), help="Default: the sample.")
 @click.option("--taxes", type=click.Path(exists=True, dir_okay=False, path_type=Path), help="Default: the sample.")
-@click.option("--work-item-size", type=click.IntRange(1), default=4500, show_default=True)
+@click.option(
+    "--work-item-size",
+    type=click.IntRange(1),
+    default=Settings.model_fields["work_item_size"].default,
+    show_default=True,
+)
 @click.option("--output", type=click.Path(dir_okay=False, path_type=Path), help="Also write the numbers as JSON.")
 def main(
     source: Path,

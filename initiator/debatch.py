@@ -33,16 +33,13 @@ WINDOW_ROWS = 200_000
 class Debatch:
     """Cuts one batch file into encoded work items of at most ``work_item_size`` transactions.
 
-    Items shrink when one encodes to more than ``inline_bytes`` (it still goes, by claim check), so
-    that the following ones fit a queue message. The counts are final once :meth:`items` is
-    exhausted.
+    The counts are final once :meth:`items` is exhausted.
     """
 
-    def __init__(self, price_book: PriceBook, tax_table: TaxTable, *, work_item_size: int, inline_bytes: int) -> None:
+    def __init__(self, price_book: PriceBook, tax_table: TaxTable, *, work_item_size: int) -> None:
         self._price_book = price_book
         self._tax_table = tax_table
         self._item_rows = work_item_size
-        self._inline_bytes = inline_bytes
         self._rejects: list[pa.Table] = []
         self.rows = self.accepted = self.work_items = 0
 
@@ -84,12 +81,8 @@ class Debatch:
         while start < table.num_rows:
             item = table.slice(start, self._item_rows)
             start += item.num_rows
-            encoded = encode_table(item.combine_chunks())
             self.work_items += 1
-            if len(encoded) > self._inline_bytes and item.num_rows > 1:
-                rows = int(item.num_rows * self._inline_bytes * 0.9 / len(encoded))
-                self._item_rows = max(1, min(self._item_rows, rows))
-            yield item.num_rows, encoded
+            yield item.num_rows, encode_table(item.combine_chunks())
 
 
 def _grouped(table: pa.Table) -> np.ndarray:

@@ -48,9 +48,6 @@ from .pipe import BlockPipe
 log = logging.getLogger(__name__)
 
 
-#: Room a work item's headers take in its message (ids, reference hashes, checksum), as JSON.
-WORK_HEADER_BYTES = 1024
-
 #: glibc's malloc serves allocations from this size on by mmap, handed back whole when freed. Left to its
 #: sliding threshold, the duplicate check's runs (up to 16 MiB, reallocated with every chunk) fragment the
 #: heap: peak RSS at 10,000,000 rows measured 593 MiB without, 485 MiB with.
@@ -140,12 +137,7 @@ class Initiator(Service):
         try:
             price_book = load_price_book(await self.references.get(PRICEBOOK, request.pricebook_hash))
             tax_table = load_tax_table(await self.references.get(TAXES, request.taxes_hash))
-            debatch = Debatch(
-                price_book,
-                tax_table,
-                work_item_size=self.settings.work_item_size,
-                inline_bytes=self.claim_check.inline_bytes(header_bytes=WORK_HEADER_BYTES),
-            )
+            debatch = Debatch(price_book, tax_table, work_item_size=self.settings.work_item_size)
             async with self._inbox_file(request) as source:
                 await self._enqueue(request, debatch.items(source, request.fmt), phases)
         except InputError as exc:

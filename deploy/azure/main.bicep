@@ -561,7 +561,7 @@ var roles = [
   {
     name: 'processor'
     queues: inputQueues
-    queueLength: 500
+    queueLength: 60
     activationQueueLength: 0
     pollingInterval: 10
     cooldownPeriod: 120

@@ -82,11 +82,6 @@ class ClaimCheck:
         self._container = container
         self._limit = limit - FRAMING_ALLOWANCE
 
-    def inline_bytes(self, *, header_bytes: int) -> int:
-        """The largest payload that travels inline (base64, beside headers of up to
-        ``header_bytes`` as JSON) rather than by claim check."""
-        return max(0, (self._limit - STAMP_ALLOWANCE - header_bytes) * 3 // 4)
-
     async def pack(self, envelope: Envelope, *, queue: str, blob_name: str) -> str:
         """Message text for ``envelope``; the payload goes to ``blob_name`` if it does not fit, in
         the account that sends to ``queue`` use now (the secondary while it is failed over).

@@ -23,7 +23,7 @@ def test_items_hold_every_accepted_row_once_grouped_by_key(tmp_path: Path) -> No
     path = tmp_path / "batch.csv"
     generate(20_000, path, seed=5, reject_rate=0.02)  # less than one window: one run per key
     price_book, tax_table = load_price_book(sample_price_book_bytes()), load_tax_table(sample_tax_table_bytes())
-    debatch = Debatch(price_book, tax_table, work_item_size=700, inline_bytes=60_000)
+    debatch = Debatch(price_book, tax_table, work_item_size=700)
     with path.open("rb") as source:
         items = list(debatch.items(source, "csv"))
     with path.open("rb") as source:
