@@ -1,7 +1,7 @@
 """Streaming readers for transaction batch files (``BILLING_SPEC.md``, "Transaction batch files").
 
-:func:`read_chunks` turns a CSV, JSON Lines or Parquet file into Arrow tables of ``RAW_SCHEMA``
-with memory bounded by ``chunk_rows`` and ``max_row_bytes``, never by the file size. Values are
+:func:`read_chunks` turns a CSV, JSON Lines or Parquet file into Arrow tables (``RAW_COLUMNS`` and
+``row``, see there) with memory bounded by ``chunk_rows`` and ``max_row_bytes``, never by the file size. Values are
 text exactly as found (not stripped, not validated: :mod:`shared.validation` does that); null means
 the cell or key is absent. A file that cannot be read at all raises :class:`FileRefused` with a
 one-line message; row-level problems are left for validation.
@@ -24,10 +24,11 @@ Format decisions:
   timestamps to UTC ISO 8601 with ``Z``, naive ones without offset); a required column missing, or a
   column whose type has no text form, refuses the file.
 
-``raw`` (for reject reports) is a compact JSON object of the original column -> text: every header
-column of a CSV row (absent cells left out), the original line of a JSON Lines row, the
-``RAW_COLUMNS`` present in a Parquet file. Errors of the underlying stream itself (``OSError``)
-propagate unchanged: they are transient, not a property of the file.
+A row's raw text (for reject reports, :func:`raw_texts`; made only for the rows that need it) is a
+compact JSON object of the original column -> text: every header column of a CSV row (absent cells
+left out), the original line of a JSON Lines row, the ``RAW_COLUMNS`` present in a Parquet file.
+Errors of the underlying stream itself (``OSError``) propagate unchanged: they are transient, not a
+property of the file.
 """
 
 from __future__ import annotations
@@ -57,7 +58,10 @@ if TYPE_CHECKING:
 FORMATS = ("csv", "jsonl", "parquet")
 RAW_COLUMNS = ("transaction_id", "account_id", "timestamp", "product", "quantity", "region")
 REQUIRED_COLUMNS = RAW_COLUMNS[:5]
-RAW_SCHEMA = pa.schema([(name, pa.string()) for name in RAW_COLUMNS] + [("row", pa.int64()), ("raw", pa.string())])
+#: A chunk's first columns: the fields as text, then the 1-based data row number.
+CHUNK_SCHEMA = pa.schema([(name, pa.string()) for name in RAW_COLUMNS] + [("row", pa.int64())])
+#: Schema metadata of a chunk whose raw text is made from its columns: ``[[JSON name, column], ...]``.
+_RAW_KEY = b"billing.raw"
 #: Prefix of a JSON Lines value that is present but of a type no field accepts (boolean, array...).
 INVALID_SENTINEL = "\x00"
 
@@ -89,7 +93,8 @@ def read_chunks(
     csv_fast: bool = True,
     csv_block_bytes: int = 1 << 20,
 ) -> Iterator[pa.Table]:
-    """Yield the rows of a batch file as ``RAW_SCHEMA`` tables of at most ``chunk_rows`` rows.
+    """Yield the rows of a batch file as tables of at most ``chunk_rows`` rows: ``CHUNK_SCHEMA``'s
+    columns, then what :func:`raw_texts` makes the rows' raw text of.
 
     ``row`` numbers the data rows from 1, contiguously across chunks. Raises :class:`FileRefused`
     when the file cannot be read (possibly after earlier chunks were yielded). A CSV file is read in
@@ -120,7 +125,7 @@ class _BadByte(Exception):
 
 
 class _CsvReader:
-    """The data rows of one CSV file as ``RAW_SCHEMA`` chunks (see :func:`_read_csv`)."""
+    """The data rows of one CSV file as chunks (see :func:`_read_csv`)."""
 
     def __init__(self, source: BinaryIO, chunk_rows: int, max_row_bytes: int, fast: bool, block_bytes: int) -> None:
         self._text = _CsvText(source, block_bytes)
@@ -244,9 +249,8 @@ class _CsvReader:
         return self._table([columns[i] for i in self._positions])
 
     def _table(self, arrays: list[pa.Array]) -> pa.Table:
-        """The next rows as a ``RAW_SCHEMA`` table, from the arrays of ``self._names``."""
-        wanted = dict(zip(self._names, arrays, strict=True))
-        return _table(wanted, self._rows, _json_objects(self._names, arrays))
+        """The next rows as a chunk, from the arrays of ``self._names``."""
+        return _table(list(zip(self._names, arrays, strict=True)), self._rows)
 
     def _emit(self, table: pa.Table) -> Iterator[pa.Table]:
         """Add rows to the chunk being built; yield every chunk they complete."""
@@ -475,7 +479,7 @@ def _json_cell(value: Any) -> str | None:
 
 
 def _jsonl_table(columns: dict[str, list[str | None]], raws: list[str], done: int) -> pa.Table:
-    arrays = {name: pa.array(values, pa.string()) for name, values in columns.items()}
+    arrays = [(name, pa.array(values, pa.string())) for name, values in columns.items()]
     return _table(arrays, done, pa.array(raws, pa.string()))
 
 
@@ -503,8 +507,7 @@ def _read_parquet(source: BinaryIO, chunk_rows: int) -> Iterator[pa.Table]:
         done = 0
         try:
             for batch in parquet.iter_batches(batch_size=chunk_rows, columns=present):
-                arrays = {name: _as_text(batch.column(name)) for name in present}
-                yield _table(arrays, done, _json_objects(present, list(arrays.values())))
+                yield _table([(name, _as_text(batch.column(name))) for name in present], done)
                 done += batch.num_rows
         except (pa.ArrowException, ValueError, OSError) as exc:
             raise FileRefused(f"Parquet file unreadable after data row {done}: {_one_line(exc)}") from None
@@ -544,13 +547,30 @@ def _check_columns(names: Sequence[str], where: str) -> None:
         raise FileRefused(f"{where} repeats column(s): {', '.join(repeated)}")
 
 
-def _table(arrays: dict[str, pa.Array], done: int, raw: pa.Array) -> pa.Table:
-    """A ``RAW_SCHEMA`` table from the columns present (absent ones all null)."""
-    rows = len(raw)
-    columns = [arrays.get(name, pa.nulls(rows, pa.string())) for name in RAW_COLUMNS]
-    columns.append(pa.array(np.arange(done + 1, done + rows + 1, dtype=np.int64)))
-    columns.append(raw)
-    return pa.Table.from_arrays(columns, schema=RAW_SCHEMA)
+def _table(arrays: Sequence[tuple[str, pa.Array]], done: int, raw: pa.Array | None = None) -> pa.Table:
+    """A chunk from the columns read, in file order (``RAW_COLUMNS`` absent are all null): the raw text
+    ``raw`` if given, else made from those columns (kept, those not of ``RAW_COLUMNS`` as ``raw.<i>``)."""
+    rows = len(arrays[0][1])
+    present = dict(arrays)
+    columns = {name: present.get(name, pa.nulls(rows, pa.string())) for name in RAW_COLUMNS}
+    columns["row"] = pa.array(np.arange(done + 1, done + rows + 1, dtype=np.int64))
+    if raw is not None:
+        columns["raw"] = raw
+        return pa.table(columns)
+    sources = [(name, name if name in RAW_COLUMNS else f"raw.{i}") for i, (name, _) in enumerate(arrays)]
+    columns.update((column, array) for (_, column), (_, array) in zip(sources, arrays, strict=True))
+    return pa.table(columns, metadata={_RAW_KEY: json.dumps(sources)})
+
+
+def raw_texts(chunk: pa.Table) -> pa.Array:
+    """Each row's raw text (a chunk of :func:`read_chunks`, or rows taken from one): a compact JSON
+    object of its columns as read, the original line of a JSON Lines row."""
+    if "raw" in chunk.column_names:
+        return chunk.column("raw").combine_chunks()
+    sources = json.loads(chunk.schema.metadata[_RAW_KEY])
+    return _json_objects(
+        [name for name, _ in sources], [chunk.column(column).combine_chunks() for _, column in sources]
+    )
 
 
 def _concat(tables: list[pa.Table]) -> pa.Table:

@@ -22,6 +22,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from .batchfile import raw_texts
 from .rating import PEAK_END_US, US_PER_DAY
 from .reference import DEFAULT_REGION, MICRO, PriceBook, TaxTable
 from .schemas import REJECT_SCHEMA
@@ -141,8 +142,9 @@ def validate(
 ) -> tuple[pa.Table, pa.Table]:
     """Split a chunk of raw rows into (accepted in ``ACCEPTED_SCHEMA``, rejects in ``REJECT_SCHEMA``).
 
-    ``chunk`` has the string columns of ``FIELDS`` (null = absent, not yet stripped), ``row`` and
-    ``raw``; chunks of one batch must come in file order with the same ``seen``, which is updated.
+    ``chunk`` is one of :func:`~shared.rules.batchfile.read_chunks`: the string columns of ``FIELDS``
+    (null = absent, not yet stripped), ``row``, and what the raw text of the rejects is made of.
+    Chunks of one batch must come in file order with the same ``seen``, which is updated.
     """
     n = chunk.num_rows
     values = {name: _stripped(chunk.column(name)) for name in FIELDS}
@@ -186,7 +188,7 @@ def validate(
         [
             _column(chunk, "row").cast(pa.int64()).filter(pa.array(bad)),
             pa.array(names[reason[bad]], pa.string()),
-            _column(chunk, "raw").cast(pa.string()).filter(pa.array(bad)),
+            raw_texts(chunk.filter(pa.array(bad))),
         ],
         schema=REJECT_SCHEMA,
     )

@@ -16,26 +16,28 @@ import pytest
 
 from shared.errors import FileRefused
 from shared.rules.batchfile import (
+    CHUNK_SCHEMA,
     FORMATS,
     INVALID_SENTINEL,
     RAW_COLUMNS,
-    RAW_SCHEMA,
     REQUIRED_COLUMNS,
     detect_format,
     read_chunks,
 )
 from shared.rules.sample import generate
+from support.batchfiles import RAW_SCHEMA, with_raw
 
 HEADER = "transaction_id,account_id,timestamp,product,quantity,region\n"
 
 
 def read(path: Path, fmt: str, **options: Any) -> list[dict[str, Any]]:
-    """All rows of a file, checking each chunk's schema."""
+    """All rows of a file with their raw text, checking each chunk's schema."""
     rows: list[dict[str, Any]] = []
     with path.open("rb") as source:
         for chunk in read_chunks(source, fmt, **options):
-            assert chunk.schema == RAW_SCHEMA
-            rows.extend(chunk.to_pylist())
+            table = with_raw(chunk)
+            assert table.schema == RAW_SCHEMA
+            rows.extend(table.to_pylist())
     return rows
 
 
@@ -56,8 +58,8 @@ def test_public_constants() -> None:
     assert FORMATS == ("csv", "jsonl", "parquet")
     assert RAW_COLUMNS == ("transaction_id", "account_id", "timestamp", "product", "quantity", "region")
     assert RAW_COLUMNS[:5] == REQUIRED_COLUMNS
-    assert RAW_SCHEMA.names == [*RAW_COLUMNS, "row", "raw"]
-    assert RAW_SCHEMA.field("row").type == pa.int64()
+    assert CHUNK_SCHEMA.names == [*RAW_COLUMNS, "row"]
+    assert CHUNK_SCHEMA.field("row").type == pa.int64()
 
 
 @pytest.mark.parametrize(
@@ -117,6 +119,21 @@ def test_csv_short_row_cells_are_missing_and_extra_columns_ignored(tmp_path: Pat
         "transaction_id": "t1",
     }
     assert json.loads(rows[1]["raw"]) == {"note": "x", "quantity": "2", "product": "p"}
+
+
+def test_csv_columns_named_like_a_chunks_own_keep_their_text(tmp_path: Path) -> None:
+    """Header names "row", "raw" and "raw.0" are text of the row like any other: they change neither
+    the row numbers nor each other's raw text."""
+    data = "raw.0,row,transaction_id,account_id,timestamp,product,quantity,raw\nA,B,t1,a,ts,p,1,C\nD,E,t2,a,ts,p,2\n"
+    rows = read(write(tmp_path, "b.csv", data), "csv")
+    assert [r["row"] for r in rows] == [1, 2]
+    assert [json.loads(r["raw"]) for r in rows] == [
+        {"raw.0": "A", "row": "B", "transaction_id": "t1", "account_id": "a", "timestamp": "ts", "product": "p"}
+        | {"quantity": "1", "raw": "C"},
+        {"raw.0": "D", "row": "E", "transaction_id": "t2", "account_id": "a", "timestamp": "ts", "product": "p"}
+        | {"quantity": "2"},
+    ]
+    assert list(json.loads(rows[0]["raw"])) == ["raw.0", "row", *RAW_COLUMNS[:5], "raw"]  # header order
 
 
 def test_csv_cells_beyond_the_header_are_ignored(tmp_path: Path) -> None:

@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 
 from shared.errors import FileRefused
 from shared.rules import batchfile
-from shared.rules.batchfile import RAW_SCHEMA, REQUIRED_COLUMNS, read_chunks
+from shared.rules.batchfile import REQUIRED_COLUMNS, read_chunks
+from support.batchfiles import RAW_SCHEMA, with_raw
 
 PLAIN = st.text(st.sampled_from("ab19 .:-\t\xe9\ufeff"), max_size=6)
 SPECIAL = st.text(st.sampled_from('ab ,;"\n\r\\\t\x00\x1f\x7f\xe9\u20ac\U0001f600\ufeff\u2028\x85'), max_size=6)
@@ -77,8 +78,9 @@ def outcome(data: bytes, **options: Any) -> tuple[list[list[dict[str, Any]]], st
     chunks: list[list[dict[str, Any]]] = []
     try:
         for chunk in read_chunks(io.BytesIO(data), "csv", **options):
-            assert chunk.schema == RAW_SCHEMA
-            chunks.append(chunk.to_pylist())
+            table = with_raw(chunk)
+            assert table.schema == RAW_SCHEMA
+            chunks.append(table.to_pylist())
     except FileRefused as exc:
         return chunks, str(exc)
     return chunks, None

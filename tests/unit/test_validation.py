@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import random
 from datetime import datetime, timedelta
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -11,9 +13,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from shared.rules.batchfile import read_chunks
 from shared.rules.reference import load_price_book, load_tax_table
 from shared.rules.schemas import REJECT_SCHEMA
 from shared.rules.validation import ACCEPTED_SCHEMA, REASONS, TransactionIdSet, validate
+from support.batchfiles import with_raw
 from support.reference_model import Row, check_batch, raw_chunk, read_prices, read_rates
 
 PRICES = "product,currency,unit_price,offpeak_unit_price,minimum_charge\ncpu,USD,0.5,,\nGPU,EUR,2,1,\n"
@@ -320,3 +324,30 @@ def test_timestamps_match_the_model(parts: tuple[str, ...]) -> None:
 def test_quantities_match_the_model(sign: str, whole: str, fraction: str | None) -> None:
     text = sign + whole + ("" if fraction is None else "." + fraction)
     assert_matches_model([{**GOOD, "quantity": text}], chunk_size=1)
+
+
+def test_rejects_of_a_file_carry_their_rows_raw_text(tmp_path: Path) -> None:
+    """The raw text of a chunk read from a file is made for its rejects: every header column in order,
+    an extra one included, for exactly the rejected rows."""
+    path = tmp_path / "b.csv"
+    path.write_text(
+        "note,transaction_id,account_id,timestamp,product,quantity\n"
+        "first,t1,a,2026-03-02T09:15:00Z,cpu,1\n"
+        "bad,t2,a,2026-03-02T09:15:00Z,disk,1\n"
+        "again,t1,a,2026-03-02T09:15:00Z,cpu,2\n"
+        "short,t3\n"
+    )
+    with path.open("rb") as source:
+        [chunk] = read_chunks(source, "csv")
+    good, bad = validate(chunk, BOOK, TAXES, TransactionIdSet())
+    assert good["row"].to_pylist() == [1]
+    assert bad["row"].to_pylist() == [2, 3, 4]
+    assert bad["reason"].to_pylist() == ["unknown_product", "duplicate_transaction_id", "missing_field"]
+    assert bad["raw"].to_pylist() == with_raw(chunk)["raw"].to_pylist()[1:]
+    assert [json.loads(raw) for raw in bad["raw"].to_pylist()] == [
+        {"note": "bad", "transaction_id": "t2", "account_id": "a", "timestamp": "2026-03-02T09:15:00Z"}
+        | {"product": "disk", "quantity": "1"},
+        {"note": "again", "transaction_id": "t1", "account_id": "a", "timestamp": "2026-03-02T09:15:00Z"}
+        | {"product": "cpu", "quantity": "2"},
+        {"note": "short", "transaction_id": "t3"},
+    ]
