@@ -1,7 +1,7 @@
 """Streaming readers for transaction batch files (``BILLING_SPEC.md``, "Transaction batch files").
 
-:func:`read_chunks` turns a CSV, JSON Lines or Parquet file into Arrow tables (``RAW_COLUMNS`` and
-``row``, see there) with memory bounded by ``chunk_rows`` and ``max_row_bytes``, never by the file size. Values are
+:func:`read_chunks` turns a CSV, JSON Lines or Parquet file into Arrow tables (``CHUNK_SCHEMA``)
+with memory bounded by ``chunk_rows`` and ``max_row_bytes``, never by the file size. Values are
 text exactly as found (not stripped, not validated: :mod:`shared.validation` does that); null means
 the cell or key is absent. A file that cannot be read at all raises :class:`FileRefused` with a
 one-line message; row-level problems are left for validation.
