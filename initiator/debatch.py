@@ -39,7 +39,7 @@ class Debatch:
     def __init__(self, price_book: PriceBook, tax_table: TaxTable, *, work_item_size: int) -> None:
         self._price_book = price_book
         self._tax_table = tax_table
-        self._item_rows = work_item_size
+        self._work_item_size = work_item_size
         self._rejects: list[pa.Table] = []
         self.rows = self.accepted = self.work_items = 0
 
@@ -79,7 +79,7 @@ class Debatch:
         table = table.take(_grouped(table))
         start = 0
         while start < table.num_rows:
-            item = table.slice(start, self._item_rows)
+            item = table.slice(start, self._work_item_size)
             start += item.num_rows
             self.work_items += 1
             yield item.num_rows, encode_table(item.combine_chunks())

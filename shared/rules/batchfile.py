@@ -551,15 +551,13 @@ def _table(arrays: Sequence[tuple[str, pa.Array]], done: int, raw: pa.Array | No
     """A chunk from the columns read, in file order (``RAW_COLUMNS`` absent are all null): the raw text
     ``raw`` if given, else made from those columns (kept, those not of ``RAW_COLUMNS`` as ``raw.<i>``)."""
     rows = len(arrays[0][1])
-    present = dict(arrays)
-    columns = {name: present.get(name, pa.nulls(rows, pa.string())) for name in RAW_COLUMNS}
+    sources = [(name, name if name in RAW_COLUMNS else f"raw.{i}") for i, (name, _) in enumerate(arrays)]
+    extra = {column: array for (_, column), (_, array) in zip(sources, arrays, strict=True)}
+    columns = {name: extra.pop(name, pa.nulls(rows, pa.string())) for name in RAW_COLUMNS}
     columns["row"] = pa.array(np.arange(done + 1, done + rows + 1, dtype=np.int64))
     if raw is not None:
-        columns["raw"] = raw
-        return pa.table(columns)
-    sources = [(name, name if name in RAW_COLUMNS else f"raw.{i}") for i, (name, _) in enumerate(arrays)]
-    columns.update((column, array) for (_, column), (_, array) in zip(sources, arrays, strict=True))
-    return pa.table(columns, metadata={_RAW_KEY: json.dumps(sources)})
+        return pa.table(columns | {"raw": raw})
+    return pa.table(columns | extra, metadata={_RAW_KEY: json.dumps(sources)})
 
 
 def raw_texts(chunk: pa.Table) -> pa.Array:
