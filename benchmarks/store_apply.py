@@ -24,7 +24,6 @@ from processor.jobs import rate_work_items
 from shared.protocol import Manifest, WorkHeader, WorkItemResult, parse_results
 from shared.rules.reference import load_price_book, load_tax_table
 from shared.rules.sample import sample_price_book_bytes, sample_tax_table_bytes
-from shared.rules.schemas import REJECT_SCHEMA
 from shared.settings import Settings
 
 BATCH = "bench"
@@ -34,7 +33,7 @@ def rated(source: Path, price_book: bytes, tax_table: bytes, *, work_item_size: 
     """The results messages of ``source`` (CSV) as the controller reads them, one per work item."""
     book, taxes = load_price_book(price_book), load_tax_table(tax_table)
     references = {book.content_hash: price_book, taxes.content_hash: tax_table}
-    debatch = Debatch(book, taxes, work_item_size=work_item_size)
+    debatch = Debatch(work_item_size=work_item_size)
     messages = []
     with source.open("rb") as stream:
         for index, (rows, encoded) in enumerate(debatch.items(stream, "csv")):
@@ -52,14 +51,11 @@ def apply_cpu(messages: list[list[WorkItemResult]], group: int) -> float:
     manifest = Manifest(
         batch_id=BATCH,
         source="bench.csv",
-        rows=sum(r.transactions for r in results),
-        accepted=sum(r.transactions for r in results),
-        rejected=0,
+        rows=sum(r.transactions + r.rejects.num_rows + r.held.num_rows for r in results),
         work_items=len(results),
         pricebook_hash="",
         taxes_hash="",
         accepted_at=datetime.now(UTC),
-        rejects=REJECT_SCHEMA.empty_table(),
     )
     with tempfile.TemporaryDirectory() as folder, Store(f"sqlite:///{folder}/billing.db") as store:
         store.apply([manifest], [])

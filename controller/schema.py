@@ -157,6 +157,27 @@ rejects = sa.Table(
     sa.Column("raw", sa.Text, nullable=False),
 )
 
+#: Rows of a batch held until it completes: otherwise valid, their transaction id repeats an earlier row's
+#: (``repeat_of``); then the first of each id is counted if that earlier row was rejected, the others rejected
+#: as duplicates (``shared.rules.duplicates``). Each with its own amounts and its raw row.
+held = sa.Table(
+    "held",
+    metadata,
+    sa.Column("batch_id", sa.String(255), primary_key=True),
+    sa.Column("row", sa.BigInteger, primary_key=True, autoincrement=False),
+    sa.Column("repeat_of", sa.BigInteger, nullable=False),
+    sa.Column("raw", sa.Text, nullable=False),
+    sa.Column("account_id", sa.String(64), nullable=False),
+    sa.Column("product", sa.String(255), nullable=False),
+    sa.Column("billing_day", sa.Date, nullable=False),
+    sa.Column("currency", sa.String(3), nullable=False),
+    sa.Column("transactions", sa.BigInteger, nullable=False),
+    sa.Column("quantity", quantity_type(), nullable=False),
+    sa.Column("net", money_type(), nullable=False),
+    sa.Column("tax", money_type(), nullable=False),
+    sa.Column("total", money_type(), nullable=False),
+)
+
 # The cross-batch report filters (controller.queries; migration 0005).
 sa.Index("ix_aggregates_account_day", aggregates.c.account_id, aggregates.c.billing_day)
 sa.Index("ix_aggregates_product_day", aggregates.c.product, aggregates.c.billing_day)

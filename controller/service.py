@@ -114,9 +114,7 @@ class Controller(Service):
                     carried = [_Carried("apply poison notice", notice.batch_id, envelope.trace, notice.work_item_id)]
                 else:
                     results.extend(items := parse_results(envelope))
-                    carried = [
-                        _Carried("apply work item", r.batch_id, r.trace, r.work_item_id, r.transactions) for r in items
-                    ]
+                    carried = [_Carried("apply work item", r.batch_id, r.trace, r.work_item_id, r.rows) for r in items]
                 charged.append((envelope.requests, carried))
             except PoisonMessage as exc:
                 poisoned[message.id] = str(exc)
@@ -195,12 +193,12 @@ class _Carried:
     batch_id: str
     trace: Mapping[str, str]
     work_item_id: str | None = None
-    transactions: int = 0
+    rows: int = 0
 
     def start_span(self, requests: int) -> Span:
         attributes: dict[str, str | int] = {telemetry.BATCH_ID: self.batch_id, telemetry.REQUESTS: requests}
         if self.work_item_id is not None:
-            attributes |= {telemetry.WORK_ITEM_ID: self.work_item_id, telemetry.ROWS: self.transactions}
+            attributes |= {telemetry.WORK_ITEM_ID: self.work_item_id, telemetry.ROWS: self.rows}
         context = telemetry.context_of(self.trace)
         return telemetry.TRACER.start_span(self.span, context, SpanKind.CONSUMER, attributes)
 
@@ -208,8 +206,8 @@ class _Carried:
 def _requests_carried(charged: list[tuple[int, list[_Carried]]], *, own: int) -> list[list[int]]:
     """Requests per thing carried, by message: each message's stamp plus an equal share of this
     controller's own (its receive, claim-check reads and deletes), split over what it carries in
-    proportion to transactions. Summed by batch, they are what the store adds to each batch."""
+    proportion to rows. Summed by batch, they are what the store adds to each batch."""
     return [
-        tally.spread(stamp + share, [thing.transactions for thing in carried])
+        tally.spread(stamp + share, [thing.rows for thing in carried])
         for (stamp, carried), share in zip(charged, tally.spread(own, [1] * len(charged)), strict=True)
     ]

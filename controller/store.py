@@ -25,7 +25,7 @@ from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime
 from decimal import localcontext
 from pathlib import Path
 from types import TracebackType
@@ -40,14 +40,15 @@ from sqlalchemy.dialects import postgresql, sqlite
 
 from shared.errors import ConfigurationError, InfrastructureError
 from shared.protocol import Manifest, PoisonNotice, WorkItemResult
-from shared.rules.schemas import PARTIAL_SCHEMA
+from shared.rules.duplicates import keep_first
+from shared.rules.schemas import PARTIAL_SCHEMA, REJECT_SCHEMA
 
-from .schema import EXACT, aggregates, batches, rejects, work_items
+from .schema import EXACT, aggregates, batches, held, rejects, work_items
 
 MIGRATIONS = Path(__file__).with_name("migrations")
 #: The newest migration's revision (a test checks it is Alembic's head): a store already there opens
 #: without loading Alembic (0.25 CPU s of every `billing submit --wait` and role start).
-SCHEMA_REVISION = "0006"
+SCHEMA_REVISION = "0007"
 #: Azure Database for PostgreSQL server names; their Microsoft Entra login takes a token for this scope.
 AZURE_POSTGRES = ".postgres.database.azure.com"
 ENTRA_POSTGRES_SCOPE = "https://ossrdbms-aad.database.windows.net/.default"
@@ -411,8 +412,11 @@ class Store:
         Results may precede their manifest: the batch then waits in ``processing`` with unknown size.
         A poisoned work item counts as accounted for (its batch ends ``failed``) until its result
         arrives after a replay: it is then recorded like any other and the batch can still complete.
-        A refused manifest deletes whatever of its batch was already counted (aggregates, rejects,
-        ``transactions_recorded``); later results of a refused batch are recorded but never counted.
+        A work item's rejects are recorded with it, its ``accepted`` and ``rejected`` rows added to the batch's,
+        its held rows (possible duplicates) kept aside until the batch completes: then the first of each
+        repeated id is counted where its first occurrence was rejected, the others rejected as duplicates.
+        A refused manifest deletes whatever of its batch was already counted (aggregates, rejects, held rows,
+        the counts); later results of a refused batch are recorded but never counted.
         The partials of all new work items are added up in Arrow and written with one upsert statement.
         """
         first_manifests: dict[str, Manifest] = {}
@@ -436,9 +440,7 @@ class Store:
                 for manifest in first_manifests.values():
                     if rows[manifest.batch_id]["work_items"] is None:
                         _fill_from_manifest(rows[manifest.batch_id], manifest)
-                        if manifest.refused is None:
-                            _insert_rejects(conn, manifest)
-                        else:
+                        if manifest.refused is not None:
                             _forget_counts(conn, rows[manifest.batch_id])
 
                 recorded = _recorded_work_items(conn, [*first_results, *notices])
@@ -476,17 +478,23 @@ class Store:
                 for result in new + recovered:
                     rows[result.batch_id]["completed_items"] += 1
                 for result in counted:
-                    rows[result.batch_id]["transactions_recorded"] += result.transactions
+                    _count(rows[result.batch_id], result.transactions, result.rejects.num_rows)
+                _insert_rejects(conn, [(r.batch_id, r.rejects) for r in counted])
+                _insert_held(conn, [(r.batch_id, r.held) for r in counted])
                 for notice in fresh_poison:
                     rows[notice.batch_id]["poisoned_items"] += 1
                 for batch_id, count in (requests or {}).items():
                     rows[batch_id]["requests"] += count
-                merged = self._merge_aggregates(conn, counted, rows, before)
+                settling = {batch_id: state for batch_id, row in rows.items() if (state := _next_state(row))}
+                kept = [(b, _resolve_held(conn, rows[b])) for b, state in settling.items() if state == "complete"]
+                partials = _partials([(r.batch_id, r.partials) for r in counted] + kept)
+                merged = self._merge_aggregates(conn, partials, rows, before)
 
                 completed: list[str] = []
                 failed: list[str] = []
                 for batch_id, row in rows.items():
-                    _settle(row, now)
+                    if batch_id in settling:
+                        _settle(row, settling[batch_id], now)
                     if row != before[batch_id]:
                         _update_batch(conn, row, now)
                         if row["state"] != before[batch_id]["state"]:
@@ -508,17 +516,15 @@ class Store:
     def _merge_aggregates(
         self,
         conn: sa.Connection,
-        results: Sequence[WorkItemResult],
+        partials: pa.Table,
         rows: Mapping[str, dict[str, Any]],
         before: Mapping[str, Mapping[str, Any]],
     ) -> dict[str, _Written]:
-        """Add the results' partials into ``aggregates`` exactly, in one write, and give each batch added to a fresh
-        fold token (in ``rows``). On PostgreSQL the partials are folded per key and added in SQL (``NUMERIC``); on
-        SQLite (decimal text) in Arrow, to the stored aggregates of the keys they touch, from each batch's stored
-        aggregates as they were (``before``), cached or read once: those and the sums written are returned."""
-        if not results:
-            return {}
-        partials = _partials(results)
+        """Add ``partials`` (of :func:`_partials`) into ``aggregates`` exactly, in one write, and give each batch
+        added to a fresh fold token (in ``rows``). On PostgreSQL the partials are folded per key and added in SQL
+        (``NUMERIC``); on SQLite (decimal text) in Arrow, to the stored aggregates of the keys they touch, from each
+        batch's stored aggregates as they were (``before``), cached or read once: those and the sums written are
+        returned."""
         if not partials.num_rows:
             return {}
         batch_ids = sorted(pc.unique(partials["batch_id"]).to_pylist())
@@ -670,8 +676,6 @@ def _fill_from_manifest(row: dict[str, Any], manifest: Manifest) -> None:
     row.update(
         source=manifest.source,
         rows=manifest.rows,
-        accepted=manifest.accepted,
-        rejected=manifest.rejected,
         work_items=manifest.work_items,
         pricebook_hash=manifest.pricebook_hash,
         taxes_hash=manifest.taxes_hash,
@@ -684,32 +688,83 @@ def _fill_from_manifest(row: dict[str, Any], manifest: Manifest) -> None:
     )
 
 
+def _count(row: dict[str, Any], accepted: int, rejected: int) -> None:
+    """Add rows accepted (counted in the aggregates) and rejected to a batch's row."""
+    row["accepted"] += accepted
+    row["transactions_recorded"] += accepted
+    row["rejected"] += rejected
+
+
 def _forget_counts(conn: sa.Connection, row: dict[str, Any]) -> None:
-    """A refused batch counts nothing: delete its aggregates (a fresh fold token) and rejects, zero its
-    recorded transactions."""
-    conn.execute(sa.delete(aggregates).where(aggregates.c.batch_id == row["batch_id"]))
-    conn.execute(sa.delete(rejects).where(rejects.c.batch_id == row["batch_id"]))
-    row.update(transactions_recorded=0, fold_token=_fresh_token())
+    """A refused batch counts nothing: delete its aggregates (a fresh fold token), rejects and held rows, zero
+    its counts."""
+    for table in (aggregates, rejects, held):
+        conn.execute(sa.delete(table).where(table.c.batch_id == row["batch_id"]))
+    row.update(accepted=0, rejected=0, transactions_recorded=0, fold_token=_fresh_token())
 
 
-def _insert_rejects(conn: sa.Connection, manifest: Manifest) -> None:
-    columns = manifest.rejects.to_pydict()
-    records = [
-        {"batch_id": manifest.batch_id, "row": row, "reason": reason, "raw": raw}
-        for row, reason, raw in zip(columns["row"], columns["reason"], columns["raw"], strict=True)
-    ]
+def _insert_rejects(conn: sa.Connection, tables: Iterable[tuple[str, pa.Table]]) -> None:
+    """Record rejected rows (``REJECT_SCHEMA`` tables, by batch)."""
+    records = (
+        {"batch_id": batch_id, **record} for batch_id, table in tables if table.num_rows for record in table.to_pylist()
+    )
     for chunk in _chunks(records, 5000):
         conn.execute(sa.insert(rejects), chunk)
 
 
-def _partials(results: Sequence[WorkItemResult]) -> pa.Table:
-    """The results' partials as one table with a ``batch_id`` column and ``billing_day`` as a date (checked);
-    a null sum raises ``ValueError``."""
-    table = pa.concat_tables([result.partials for result in results])
+def _insert_held(conn: sa.Connection, tables: Iterable[tuple[str, pa.Table]]) -> None:
+    """Keep held rows (``HELD_SCHEMA`` tables, by batch) until their batch completes."""
+    records = (
+        {"batch_id": batch_id, **record, "billing_day": date.fromisoformat(record["billing_day"])}
+        for batch_id, table in tables
+        if table.num_rows
+        for record in table.to_pylist()
+    )
+    for chunk in _chunks(records, _CHUNK):
+        conn.execute(sa.insert(held), chunk)
+
+
+def _resolve_held(conn: sa.Connection, row: dict[str, Any]) -> pa.Table:
+    """As a batch completes, every row of it validated: decide its held rows (:func:`keep_first`), reject the
+    duplicates, count the rest; the partials of those counted (``PARTIAL_SCHEMA``) are returned."""
+    batch_id = row["batch_id"]
+    found = conn.execute(sa.select(held).where(held.c.batch_id == batch_id).order_by(held.c.row)).mappings().all()
+    if not found:
+        return PARTIAL_SCHEMA.empty_table()
+    numbers = np.array([record["row"] for record in found], np.int64)
+    repeat_of = np.array([record["repeat_of"] for record in found], np.int64)
+    firsts = sorted(set(repeat_of.tolist()))
+    query = sa.select(rejects.c.row).where(rejects.c.batch_id == batch_id)
+    rejected = [
+        number for chunk in _chunks(firsts, _CHUNK) for number in conn.scalars(query.where(rejects.c.row.in_(chunk)))
+    ]
+    kept = keep_first(numbers, repeat_of, np.array(rejected, np.int64))
+    duplicates = [
+        {"row": record["row"], "reason": "duplicate_transaction_id", "raw": record["raw"]}
+        for record, keep in zip(found, kept, strict=True)
+        if not keep
+    ]
+    _insert_rejects(conn, [(batch_id, pa.Table.from_pylist(duplicates, schema=REJECT_SCHEMA))])
+    conn.execute(sa.delete(held).where(held.c.batch_id == batch_id))
+    _count(row, int(kept.sum()), len(duplicates))
+    counted = [
+        {**{name: record[name] for name in PARTIAL_SCHEMA.names}, "billing_day": record["billing_day"].isoformat()}
+        for record, keep in zip(found, kept, strict=True)
+        if keep
+    ]
+    return pa.Table.from_pylist(counted, schema=PARTIAL_SCHEMA)
+
+
+def _partials(tables: Sequence[tuple[str, pa.Table]]) -> pa.Table:
+    """Partial aggregates (``PARTIAL_SCHEMA`` tables, by batch) as one table with a ``batch_id`` column and
+    ``billing_day`` as a date (checked); a null sum raises ``ValueError``."""
+    if not tables:
+        return _FOLD_SCHEMA.empty_table()
+    table = pa.concat_tables([partials for _, partials in tables])
     for name in _SUMMED:
         if table[name].null_count:
             raise ValueError(f"partial aggregates with a null {name}")
-    batch_ids = pa.chunked_array([pa.repeat(r.batch_id, r.partials.num_rows) for r in results], pa.string())
+    batch_ids = pa.chunked_array([pa.repeat(batch_id, partials.num_rows) for batch_id, partials in tables], pa.string())
     day = table.schema.get_field_index("billing_day")
     return table.set_column(day, "billing_day", table["billing_day"].cast(pa.date32())).add_column(
         0, "batch_id", batch_ids
@@ -814,19 +869,22 @@ def _batch_aggregates(conn: sa.Connection, batch_id: str) -> pa.Table:
     return pa.table(as_read).cast(_FOLD_SCHEMA)
 
 
-def _settle(row: dict[str, Any], now: datetime) -> None:
-    """Move a batch to its final state once every work item is accounted for (``failed`` may
-    still become ``complete`` when its poisoned items are replayed)."""
+def _next_state(row: Mapping[str, Any]) -> str | None:
+    """The final state a batch moves to now that every work item is accounted for, if it moves (``failed``
+    may still become ``complete`` when its poisoned items are replayed)."""
     if row["state"] in FINAL_STATES - {"failed"}:
-        return
+        return None
     if row["refused_reason"] is not None:
         state = "refused"
     elif row["work_items"] is None or row["completed_items"] + row["poisoned_items"] < row["work_items"]:
-        return
+        return None
     else:
         state = "failed" if row["poisoned_items"] else "complete"
-    if state == row["state"]:
-        return
+    return None if state == row["state"] else state
+
+
+def _settle(row: dict[str, Any], state: str, now: datetime) -> None:
+    """Move a batch to a final state (see :func:`_next_state`)."""
     row["state"] = state
     row["completed_at"] = now
     row["latency_seconds"] = (now - row["accepted_at"]).total_seconds() if row["accepted_at"] else None

@@ -1,4 +1,4 @@
-"""The initiator: takes batch requests, debatches files, enqueues work items, reports manifests."""
+"""The initiator: takes batch requests, cuts files into work items, enqueues them, reports manifests."""
 
 from __future__ import annotations
 
@@ -39,7 +39,6 @@ from shared.protocol import (
 )
 from shared.refstore import PRICEBOOK, TAXES, ReferenceStore
 from shared.rules.reference import load_price_book, load_tax_table
-from shared.rules.schemas import REJECT_SCHEMA
 from shared.settings import Settings
 
 from .debatch import Debatch
@@ -113,14 +112,7 @@ class Initiator(Service):
                     {telemetry.BATCH_ID: request.batch_id, "billing.source": request.source},
                 ) as span:
                     manifest = await self.initiate(request)
-                    span.set_attributes(
-                        {
-                            telemetry.ROWS: manifest.rows,
-                            "billing.accepted": manifest.accepted,
-                            "billing.rejected": manifest.rejected,
-                            "billing.work_items": manifest.work_items,
-                        }
-                    )
+                    span.set_attributes({telemetry.ROWS: manifest.rows, "billing.work_items": manifest.work_items})
                     if manifest.refused:
                         span.set_status(StatusCode.ERROR, manifest.refused)
             except PoisonMessage as exc:
@@ -135,9 +127,10 @@ class Initiator(Service):
         """
         phases = _Phases()
         try:
-            price_book = load_price_book(await self.references.get(PRICEBOOK, request.pricebook_hash))
-            tax_table = load_tax_table(await self.references.get(TAXES, request.taxes_hash))
-            debatch = Debatch(price_book, tax_table, work_item_size=self.settings.work_item_size)
+            # The processors rate with them: a batch whose reference data is missing or invalid is refused now.
+            load_price_book(await self.references.get(PRICEBOOK, request.pricebook_hash))
+            load_tax_table(await self.references.get(TAXES, request.taxes_hash))
+            debatch = Debatch(work_item_size=self.settings.work_item_size)
             async with self._inbox_file(request) as source:
                 await self._enqueue(request, debatch.items(source, request.fmt), phases)
         except InputError as exc:
@@ -237,13 +230,10 @@ class Initiator(Service):
             batch_id=request.batch_id,
             source=request.source,
             rows=debatch.rows if debatch else 0,
-            accepted=debatch.accepted if debatch else 0,
-            rejected=debatch.rejected if debatch else 0,
             work_items=debatch.work_items if debatch else 0,
             pricebook_hash=request.pricebook_hash,
             taxes_hash=request.taxes_hash,
             accepted_at=request.accepted_at,
-            rejects=debatch.rejects if debatch else REJECT_SCHEMA.empty_table(),
             refused=refused,
             uploaded_at=request.uploaded_at,
             first_item_sent_at=phases.first_item_sent_at,
@@ -255,12 +245,5 @@ class Initiator(Service):
             self.settings.results_queue, envelope, blob_name=batch_blob(request.batch_id, "manifest")
         )
         await self.announce({self.settings.results_queue: (1, 0)})
-        log.info(
-            "batch %s: %d rows, %d accepted, %d rejected, %d work items",
-            manifest.batch_id,
-            manifest.rows,
-            manifest.accepted,
-            manifest.rejected,
-            manifest.work_items,
-        )
+        log.info("batch %s: %d rows, %d work items", manifest.batch_id, manifest.rows, manifest.work_items)
         return manifest

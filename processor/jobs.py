@@ -1,7 +1,8 @@
-"""The processor's CPU work, run in worker processes: decode, rate and aggregate work items."""
+"""The processor's CPU work, run in worker processes: decode, validate, rate and aggregate work items."""
 
 from __future__ import annotations
 
+import dataclasses
 import multiprocessing
 import os
 import threading
@@ -9,12 +10,19 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from functools import lru_cache
 
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
 from shared.errors import InputError, PoisonMessage
 from shared.messaging.envelope import Envelope
 from shared.messaging.processes import pid_alive
 from shared.protocol import WorkHeader, WorkItemResult, decode_work, results_envelope
-from shared.rules.rating import aggregate
+from shared.rules.batchfile import raw_texts
+from shared.rules.rating import aggregate, itemise
 from shared.rules.reference import PriceBook, TaxTable, load_price_book, load_tax_table
+from shared.rules.schemas import HELD_SCHEMA
+from shared.rules.validation import validate
 
 
 def rating_pool(workers: int, *, owner_check: float = 1.0) -> ProcessPoolExecutor:
@@ -68,12 +76,41 @@ def rate_work_items(
     poisoned: dict[int, str] = {}
     for index, (header, encoded) in enumerate(items):
         try:
-            transactions = decode_work(header, encoded)
+            rows = decode_work(header, encoded)
             price_book = _price_book(references[header.pricebook_hash])
             tax_table = _tax_table(references[header.taxes_hash])
-            partials = aggregate(transactions, price_book, tax_table)
+            result = rate_rows(header, rows, price_book, tax_table)
         except (InputError, KeyError) as exc:
             poisoned[index] = str(exc) if isinstance(exc, PoisonMessage) else f"unratable: {exc}"
             continue
-        results.append(WorkItemResult(header.work_item_id, header.batch_id, header.rows, partials, traces[index]))
+        results.append(dataclasses.replace(result, trace=traces[index]))
     return (results_envelope(results) if results else None), poisoned
+
+
+def rate_rows(header: WorkHeader, rows: pa.Table, price_book: PriceBook, tax_table: TaxTable) -> WorkItemResult:
+    """A work item's rows validated and rated: the partial aggregates of the otherwise valid rows whose
+    id is not a repeat (``repeat_of`` 0), the rejects, and the otherwise valid repeats rated one by one
+    and held for the controller to tell duplicates (:mod:`shared.rules.duplicates`)."""
+    valid, rejects = validate(rows, price_book, tax_table)
+    repeat_of = rows.column("repeat_of").to_numpy()
+    repeats = rows.column("row").to_numpy()[repeat_of > 0]
+    held_rows = np.isin(valid.column("row").to_numpy(), repeats)
+    if not held_rows.any():
+        return WorkItemResult(
+            header.work_item_id, header.batch_id, valid.num_rows, aggregate(valid, price_book, tax_table), rejects
+        )
+    counted, held = valid.filter(pa.array(~held_rows)), valid.filter(pa.array(held_rows))
+    in_rows = pc.is_in(rows.column("row"), value_set=held.column("row"))  # the chunk's order is valid's
+    of_held = rows.filter(in_rows)
+    held_table = pa.Table.from_arrays(
+        [of_held["row"], of_held["repeat_of"], raw_texts(of_held), *itemise(held, price_book, tax_table).columns],
+        schema=HELD_SCHEMA,
+    )
+    return WorkItemResult(
+        header.work_item_id,
+        header.batch_id,
+        counted.num_rows,
+        aggregate(counted, price_book, tax_table),
+        rejects,
+        held_table,
+    )

@@ -21,7 +21,7 @@ import pyarrow.parquet as pq
 from .errors import PoisonMessage
 from .messaging.envelope import ClaimCheck, Envelope
 from .messaging.poison import OnPoisoned
-from .rules.schemas import PARTIAL_SCHEMA, REJECT_SCHEMA
+from .rules.schemas import HELD_SCHEMA, PARTIAL_SCHEMA, REJECT_SCHEMA
 
 REQUEST, WORK, RESULTS, MANIFEST, POISONED = "request", "work", "results", "manifest", "poisoned"
 T = TypeVar("T")
@@ -47,12 +47,14 @@ def _repetitive(table: pa.Table) -> list[str]:
     ]
 
 
-def decode_table(data: bytes) -> pa.Table:
-    """The table :func:`encode_table` wrote; raises ``ValueError`` on damaged data."""
+def decode_table(data: bytes | memoryview, *, metadata: bool = False) -> pa.Table:
+    """The table :func:`encode_table` wrote (its schema's metadata too if ``metadata``); raises
+    ``ValueError`` on damaged data."""
     try:  # the file reader, on this thread: a dataset and a thread pool cost more than such a table
-        return pq.ParquetFile(pa.BufferReader(data)).read(use_threads=False).replace_schema_metadata(None)
+        table = pq.ParquetFile(pa.BufferReader(data)).read(use_threads=False)
     except (pa.ArrowException, OSError) as exc:
         raise ValueError(f"encoded table is damaged: {exc}") from exc
+    return table if metadata else table.replace_schema_metadata(None)
 
 
 #: Text batch files (CSV, JSON Lines) lie in the inbox as zstd frames, one per ``INBOX_BLOCK`` bytes
@@ -89,13 +91,10 @@ class Manifest:
     batch_id: str
     source: str
     rows: int
-    accepted: int
-    rejected: int
     work_items: int
     pricebook_hash: str
     taxes_hash: str
     accepted_at: datetime
-    rejects: pa.Table  # REJECT_SCHEMA
     refused: str | None = None  # a file-level refusal reason; then nothing of the batch counts
     # Phases as the initiator saw them (None where a phase did not happen, e.g. no item sent).
     uploaded_at: datetime | None = None  # the client had the file in the inbox
@@ -109,14 +108,23 @@ class Manifest:
 
 @dataclass(frozen=True)
 class WorkItemResult:
-    """The processor's partial aggregates for one work item, with the trace context of its rating
-    (a results message carries several work items, each in its own batch's trace)."""
+    """What the processor made of one work item: the partial aggregates of its ``transactions`` counted,
+    its rejected rows, the rows held as possible duplicates, and the trace context of its rating (a
+    results message carries several work items, each in its own batch's trace)."""
 
     work_item_id: str
     batch_id: str
     transactions: int
     partials: pa.Table  # PARTIAL_SCHEMA
+    rejects: pa.Table = field(default_factory=REJECT_SCHEMA.empty_table)
+    held: pa.Table = field(default_factory=HELD_SCHEMA.empty_table)
     trace: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def rows(self) -> int:
+        """The work item's rows: counted, rejected or held."""
+        rows: int = self.transactions + self.rejects.num_rows + self.held.num_rows
+        return rows
 
 
 @dataclass(frozen=True)
@@ -138,7 +146,7 @@ class BatchRequest:
 
 @dataclass(frozen=True)
 class WorkHeader:
-    """Names a work item; its payload is the encoded accepted transactions."""
+    """Names a work item; its payload is its encoded rows as read (see :mod:`initiator.debatch`)."""
 
     work_item_id: str
     batch_id: str
@@ -156,7 +164,7 @@ def parse_request(envelope: Envelope) -> BatchRequest:
 
 
 def work_envelope(header: WorkHeader, encoded: bytes) -> Envelope:
-    """A work item; ``encoded`` is :func:`encode_table` of its transactions."""
+    """A work item; ``encoded`` is :func:`encode_table` of its rows."""
     return Envelope(WORK, dict(header.__dict__), encoded)
 
 
@@ -165,51 +173,78 @@ def parse_work_header(envelope: Envelope) -> WorkHeader:
 
 
 def decode_work(header: WorkHeader, encoded: bytes) -> pa.Table:
-    """The transactions of a work item, checked against its header."""
-    table = _decode(encoded)
+    """The rows of a work item (with the metadata their raw text is made from), checked against its header."""
+    table = _decode(encoded, metadata=True)
     if table.num_rows != header.rows:
         raise PoisonMessage("bad_work_item", f"{header.work_item_id}: row count does not match its header")
     return table
 
 
+#: The tables of a results message, in the order their rows lie in it, with each item's count of rows.
+_RESULT_TABLES = (
+    ("partials", "groups", PARTIAL_SCHEMA),
+    ("rejects", "rejects", REJECT_SCHEMA),
+    ("held", "held", HELD_SCHEMA),
+)
+
+
 def results_envelope(results: list[WorkItemResult]) -> Envelope:
-    """Coalesce the results of one dequeued batch into one envelope."""
+    """Coalesce the results of one dequeued batch into one envelope: per table, the items' rows one after
+    the other (encoded where there are any; the headers say how many bytes and each item's rows)."""
     items = [
         {
             "work_item_id": r.work_item_id,
             "batch_id": r.batch_id,
             "transactions": r.transactions,
-            "groups": r.partials.num_rows,
+            **{count: getattr(r, name).num_rows for name, count, _ in _RESULT_TABLES},
             **({"trace": r.trace} if r.trace else {}),
         }
         for r in results
     ]
-    table = pa.concat_tables([r.partials for r in results]) if results else PARTIAL_SCHEMA.empty_table()
-    return Envelope(RESULTS, {"items": items}, encode_table(table))
+    sizes: dict[str, int] = {}
+    payload = bytearray()
+    for name, _, schema in _RESULT_TABLES:
+        table = pa.concat_tables([getattr(r, name) for r in results]) if results else schema.empty_table()
+        if table.num_rows or name == "partials":
+            encoded = encode_table(table)
+            sizes[name] = len(encoded)
+            payload += encoded
+    return Envelope(RESULTS, {"items": items, "tables": sizes}, bytes(payload))
 
 
 def parse_results(envelope: Envelope) -> list[WorkItemResult]:
     h = _expect(envelope, RESULTS)
-    table = _decode(envelope.payload)
-    if table.schema != PARTIAL_SCHEMA:
-        raise PoisonMessage("bad_results", "partials do not have the expected schema")
-    results, offset = [], 0
+    tables: dict[str, pa.Table] = {}
+    offset = 0
     try:
+        sizes = {str(name): int(size) for name, size in h["tables"].items()}
+        for name, _, schema in _RESULT_TABLES:
+            size = sizes.get(name)
+            if size is None:
+                tables[name] = schema.empty_table()
+                continue
+            tables[name] = _decode(memoryview(envelope.payload)[offset : offset + size])
+            offset += size
+            if tables[name].schema != schema:
+                raise PoisonMessage("bad_results", f"{name} do not have the expected schema")
+        results, taken = [], dict.fromkeys(tables, 0)
         for item in h["items"]:
-            groups = int(item["groups"])
-            partials = table.slice(offset, groups)
-            offset += groups
+            parts = {}
+            for name, count, _ in _RESULT_TABLES:
+                rows = int(item.get(count, 0))
+                parts[name] = tables[name].slice(taken[name], rows)
+                taken[name] += rows
             carried = item.get("trace")  # absent from older messages
             trace = {str(k): str(v) for k, v in carried.items()} if isinstance(carried, dict) else {}
             results.append(
                 WorkItemResult(
-                    str(item["work_item_id"]), str(item["batch_id"]), int(item["transactions"]), partials, trace
+                    str(item["work_item_id"]), str(item["batch_id"]), int(item["transactions"]), trace=trace, **parts
                 )
             )
-    except (KeyError, TypeError, ValueError) as exc:
+    except (AttributeError, KeyError, TypeError, ValueError) as exc:
         raise PoisonMessage("bad_results", str(exc)) from exc
-    if offset != table.num_rows:
-        raise PoisonMessage("bad_results", "partials and item headers disagree")
+    if offset != len(envelope.payload) or any(taken[name] != table.num_rows for name, table in tables.items()):
+        raise PoisonMessage("bad_results", "the tables and the item headers disagree")
     return results
 
 
@@ -244,16 +279,11 @@ def work_items_named(kind: str, headers: dict[str, Any]) -> list[tuple[str, str]
 
 
 def manifest_envelope(manifest: Manifest) -> Envelope:
-    headers = {k: v for k, v in manifest.__dict__.items() if k != "rejects"}
-    return Envelope(MANIFEST, _with_times(headers, Manifest.TIMES), encode_table(manifest.rejects))
+    return Envelope(MANIFEST, _with_times(manifest.__dict__, Manifest.TIMES))
 
 
 def parse_manifest(envelope: Envelope) -> Manifest:
-    h = _expect(envelope, MANIFEST)
-    rejects = _decode(envelope.payload)
-    if rejects.schema != REJECT_SCHEMA:
-        raise PoisonMessage("bad_manifest", "rejects do not have the expected schema")
-    return _build(Manifest, {**_read_times(h, Manifest.TIMES), "rejects": rejects})
+    return _build(Manifest, _read_times(_expect(envelope, MANIFEST), Manifest.TIMES))
 
 
 def _with_times(fields: dict[str, Any], names: tuple[str, ...]) -> dict[str, Any]:
@@ -275,9 +305,9 @@ def _expect(envelope: Envelope, kind: str) -> dict[str, Any]:
     return envelope.headers
 
 
-def _decode(payload: bytes) -> pa.Table:
+def _decode(payload: bytes | memoryview, *, metadata: bool = False) -> pa.Table:
     try:
-        return decode_table(payload)
+        return decode_table(payload, metadata=metadata)
     except ValueError as exc:
         raise PoisonMessage("bad_payload", str(exc)) from exc
 

@@ -9,7 +9,6 @@ partial products all stay below 2^63 (bounds in :func:`_net`); every per-row res
 from __future__ import annotations
 
 import numpy as np
-import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -23,29 +22,34 @@ PEAK_START_US = 8 * 3600 * MICRO
 PEAK_END_US = 20 * 3600 * MICRO - 1
 MAX_QUANTITY_MICRO = 1_000_000_000 * MICRO
 _MONEY = pa.decimal128(38, 0)
-#: The columns of accepted transactions that rating reads: all a work item needs to carry (the ids
-#: and row numbers stay with the initiator, which decides duplicates and rejects).
-RATED_COLUMNS = ("account_id", "timestamp_us", "product", "quantity_micro", "region")
-
-
-def rate(accepted: pa.Table, price_book: PriceBook, tax_table: TaxTable) -> pd.DataFrame:
-    """Per accepted row (same order): ``net``, ``tax``, ``total`` (int64 minor units), ``currency``, ``billing_day``."""
-    product, day, net, tax = _rate(accepted, price_book, tax_table)
-    return pd.DataFrame(
-        {
-            "net": net,
-            "tax": tax,
-            "total": net + tax,
-            "currency": price_book.currency[product],
-            "billing_day": _day_strings(day).to_numpy(zero_copy_only=False),
-        }
-    )
+#: The amounts summed per aggregate key.
+_SUMS = ("quantity", "net", "tax", "total")
 
 
 def aggregate(accepted: pa.Table, price_book: PriceBook, tax_table: TaxTable) -> pa.Table:
     """Partial aggregates in ``PARTIAL_SCHEMA``: one row per (account_id, product, billing_day), sorted."""
+    groups = (
+        _rated(accepted, price_book, tax_table)
+        .group_by(["account_id", "product", "day"], use_threads=False)
+        .aggregate([("net", "count"), ("quantity", "sum"), ("net", "sum"), ("tax", "sum"), ("total", "sum")])
+    )
+    sums = [groups.column(f"{name}_sum").combine_chunks() for name in _SUMS]
+    table = _partials(groups, groups.column("net_count"), sums, price_book)
+    return table.sort_by([(key, "ascending") for key in ("account_id", "product", "billing_day")])
+
+
+def itemise(accepted: pa.Table, price_book: PriceBook, tax_table: TaxTable) -> pa.Table:
+    """Each transaction as partial aggregates of its own (``PARTIAL_SCHEMA``, one transaction a row), in
+    ``accepted``'s order: rows held until their batch decides whether they are duplicates."""
+    rows = _rated(accepted, price_book, tax_table)
+    sums = [rows.column(name).combine_chunks() for name in _SUMS]
+    return _partials(rows, pa.array(np.ones(rows.num_rows, dtype=np.int64)), sums, price_book)
+
+
+def _rated(accepted: pa.Table, price_book: PriceBook, tax_table: TaxTable) -> pa.Table:
+    """Per row: account, product index, UTC day number and the amounts, the sums as ``decimal128(38, 0)``."""
     product, day, net, tax = _rate(accepted, price_book, tax_table)
-    rows = pa.table(
+    return pa.table(
         {
             "account_id": accepted.column("account_id"),
             "product": pa.array(product, pa.int32()),
@@ -56,25 +60,28 @@ def aggregate(accepted: pa.Table, price_book: PriceBook, tax_table: TaxTable) ->
             "total": pa.array(net + tax).cast(_MONEY),
         }
     )
-    groups = rows.group_by(["account_id", "product", "day"], use_threads=False).aggregate(
-        [("net", "count"), ("quantity", "sum"), ("net", "sum"), ("tax", "sum"), ("total", "sum")]
-    )
-    index = groups.column("product").to_numpy()
-    table = pa.table(
+
+
+def _partials(
+    keys: pa.Table, transactions: pa.Array | pa.ChunkedArray, sums: list[pa.Array], price_book: PriceBook
+) -> pa.Table:
+    """A ``PARTIAL_SCHEMA`` table from ``keys``' account, product index and day, and the sums of ``_SUMS``."""
+    quantity, net, tax, total = sums
+    index = keys.column("product").to_numpy()
+    return pa.table(
         {
-            "account_id": groups.column("account_id"),
+            "account_id": keys.column("account_id"),
             "product": price_book.product_array.take(pa.array(index)),
-            "billing_day": _day_strings(groups.column("day").to_numpy()),
+            "billing_day": _day_strings(keys.column("day").to_numpy()),
             "currency": pa.array(price_book.currency[index], pa.string()),
-            "transactions": groups.column("net_count"),
+            "transactions": transactions,
             # the sum of micro-units, unscaled, is the quantity at scale 6
-            "quantity": groups.column("quantity_sum").combine_chunks().view(pa.decimal128(38, 6)),
-            "net": groups.column("net_sum"),
-            "tax": groups.column("tax_sum"),
-            "total": groups.column("total_sum"),
+            "quantity": quantity.view(pa.decimal128(38, 6)),
+            "net": net,
+            "tax": tax,
+            "total": total,
         }
-    )
-    return table.sort_by([(key, "ascending") for key in ("account_id", "product", "billing_day")]).cast(PARTIAL_SCHEMA)
+    ).cast(PARTIAL_SCHEMA)
 
 
 def _rate(

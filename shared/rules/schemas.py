@@ -1,4 +1,4 @@
-"""The tables the billing rules produce: rated partial aggregates and rejected rows."""
+"""The tables the billing rules produce: rated partial aggregates, rejected rows, rows held as possible duplicates."""
 
 from __future__ import annotations
 
@@ -21,3 +21,8 @@ PARTIAL_SCHEMA = pa.schema(
 
 #: Rejected rows: 1-based data row number, stable reason code, the raw row as JSON text.
 REJECT_SCHEMA = pa.schema([("row", pa.int64()), ("reason", pa.string()), ("raw", pa.string())])
+
+#: Otherwise valid rows whose transaction id repeats an earlier row's (see :mod:`shared.rules.duplicates`),
+#: each rated on its own and held until every row of the batch is validated: the 1-based data row
+#: number, that of the id's first occurrence, the raw row, and the row's partial aggregates.
+HELD_SCHEMA = pa.schema([("row", pa.int64()), ("repeat_of", pa.int64()), ("raw", pa.string()), *PARTIAL_SCHEMA])

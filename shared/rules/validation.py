@@ -18,7 +18,6 @@ Decisions where the spec leaves room:
 from __future__ import annotations
 
 import numpy as np
-import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -27,7 +26,7 @@ from .rating import PEAK_END_US, US_PER_DAY
 from .reference import DEFAULT_REGION, MICRO, PriceBook, TaxTable
 from .schemas import REJECT_SCHEMA
 
-#: Validated transactions, as the initiator enqueues them and rating reads them.
+#: Validated transactions, as rating reads them.
 ACCEPTED_SCHEMA = pa.schema(
     [
         ("transaction_id", pa.string()),
@@ -81,70 +80,15 @@ def _month_starts() -> np.ndarray:
 
 
 _MONTH_START = _month_starts()
-_HASH_KEYS = ("billing-txid-h1.", "billing-txid-h2.")
 
 
-class TransactionIdSet:
-    """The transaction ids accepted so far in one batch, in bounded memory.
+def validate(chunk: pa.Table, price_book: PriceBook, tax_table: TaxTable) -> tuple[pa.Table, pa.Table]:
+    """Split raw rows into (otherwise valid in ``ACCEPTED_SCHEMA``, rejects in ``REJECT_SCHEMA``), in
+    the chunk's order: every rule but ``duplicate_transaction_id`` (see :mod:`.duplicates`).
 
-    Each id is remembered as 96 bits of two keyed SipHashes (a uint64 and a uint32 array, sorted by
-    the first): 12 bytes per id whatever its length, so 10 million ids take 120 MB. Ids are kept in
-    sorted runs of ``run_ids``; a new chunk is merged into the open run only, so merging never copies
-    more than one run. Within one chunk ids are compared exactly; a false "seen" across chunks needs
-    two distinct ids with equal 96-bit hashes (about n²/2^97, 10^-15 for 10 million ids: never in
-    practice).
-    """
-
-    def __init__(self, *, run_ids: int = 1 << 20) -> None:
-        self._run_ids = run_ids
-        self._sealed: list[tuple[np.ndarray, np.ndarray]] = []
-        self._h1 = np.empty(0, dtype=np.uint64)
-        self._h2 = np.empty(0, dtype=np.uint32)
-
-    def __len__(self) -> int:
-        return len(self._h1) + sum(len(h1) for h1, _ in self._sealed)
-
-    @staticmethod
-    def hashes(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """The 64-bit and the 32-bit part of each id's hash (``ids``: an object array of str)."""
-        first, second = (pd.util.hash_array(ids, hash_key=key, categorize=False) for key in _HASH_KEYS)
-        return first, (second >> np.uint64(32)).astype(np.uint32)
-
-    def contains(self, h1: np.ndarray, h2: np.ndarray) -> np.ndarray:
-        """Which of the hashed ids were added before (four times faster given sorted by ``h1``: the
-        searches then walk the runs in order)."""
-        found = np.zeros(len(h1), dtype=bool)
-        for run1, run2 in [*self._sealed, (self._h1, self._h2)]:
-            left = np.searchsorted(run1, h1, side="left")
-            right = np.searchsorted(run1, h1, side="right")
-            single = right - left == 1
-            found[single] |= run2[left[single]] == h2[single]
-            for i in np.flatnonzero(right - left > 1):  # equal 64-bit parts: astronomically rare
-                found[i] |= bool((run2[left[i] : right[i]] == h2[i]).any())
-        return found
-
-    def add(self, h1: np.ndarray, h2: np.ndarray) -> None:
-        """Remember new hashed ids, given sorted by ``h1``: one linear merge into the open run."""
-        at = np.searchsorted(self._h1, h1) + np.arange(len(h1))
-        new = np.zeros(len(self._h1) + len(h1), dtype=bool)
-        new[at] = True
-        merged1, merged2 = np.empty(len(new), dtype=np.uint64), np.empty(len(new), dtype=np.uint32)
-        merged1[at], merged2[at] = h1, h2
-        merged1[~new], merged2[~new] = self._h1, self._h2
-        self._h1, self._h2 = merged1, merged2
-        if len(self._h1) >= self._run_ids:
-            self._sealed.append((self._h1, self._h2))
-            self._h1, self._h2 = np.empty(0, dtype=np.uint64), np.empty(0, dtype=np.uint32)
-
-
-def validate(
-    chunk: pa.Table, price_book: PriceBook, tax_table: TaxTable, seen: TransactionIdSet
-) -> tuple[pa.Table, pa.Table]:
-    """Split a chunk of raw rows into (accepted in ``ACCEPTED_SCHEMA``, rejects in ``REJECT_SCHEMA``).
-
-    ``chunk`` is one of :func:`~shared.rules.batchfile.read_chunks`: the string columns of ``FIELDS``
-    (null = absent, not yet stripped), ``row``, and what the raw text of the rejects is made of.
-    Chunks of one batch must come in file order with the same ``seen``, which is updated.
+    ``chunk`` is one of :func:`~shared.rules.batchfile.read_chunks`, or rows taken from one: the string
+    columns of ``FIELDS`` (null = absent, not yet stripped), ``row``, and what the raw text of the
+    rejects is made of.
     """
     n = chunk.num_rows
     values = {name: _stripped(chunk.column(name)) for name in FIELDS}
@@ -164,9 +108,6 @@ def validate(
     rules = [missing, bad_tx, bad_account, ts_status == 1, ts_status == 2, unknown_product]
     rules += [q_status == code for code in (1, 2, 3, 4)] + [unknown_region]
     reason = np.select(rules, np.arange(1, len(rules) + 1, dtype=np.int8), default=0).astype(np.int8)
-
-    valid = np.flatnonzero(reason == 0)
-    reason[valid[_duplicates(values["transaction_id"], valid, seen)]] = len(REASONS)
 
     keep = reason == 0
     mask = pa.array(keep)
@@ -193,34 +134,6 @@ def validate(
         schema=REJECT_SCHEMA,
     )
     return accepted, rejects
-
-
-def _duplicates(ids: pa.Array, valid: np.ndarray, seen: TransactionIdSet) -> np.ndarray:
-    """Positions in ``valid`` (ascending row indices) whose id was seen before; updates ``seen``.
-
-    Exact within the chunk (strings are compared); across chunks by the 96-bit hash set.
-    """
-    if not len(valid):
-        return np.zeros(0, dtype=bool)
-    strings = ids.take(pa.array(valid)).to_numpy(zero_copy_only=False)
-    h1, h2 = TransactionIdSet.hashes(strings)
-    order = np.argsort(h1)
-    sorted_h1 = h1[order]
-    same_as_next = sorted_h1[1:] == sorted_h1[:-1]
-    candidate = np.zeros(len(valid), dtype=bool)
-    candidate[order[1:][same_as_next]] = True
-    candidate[order[:-1][same_as_next]] = True
-    duplicate = np.zeros(len(valid), dtype=bool)
-    first: set[str] = set()
-    for i in np.flatnonzero(candidate):  # only ids whose hash repeats within the chunk
-        if strings[i] in first:
-            duplicate[i] = True
-        else:
-            first.add(strings[i])
-    duplicate[order] |= seen.contains(sorted_h1, h2[order])
-    fresh = order[~duplicate[order]]
-    seen.add(h1[fresh], h2[fresh])
-    return duplicate
 
 
 def _parse_timestamps(ts: pa.Array) -> tuple[np.ndarray, np.ndarray]:

@@ -58,7 +58,7 @@ def _load_reference_batch(store: Store, batch_id: str, path: Path, *, items: int
     chunks = [rows[i::items] for i in range(items)]
     results = [result(f"{batch_id}:{i}", *chunk, batch_id=batch_id) for i, chunk in enumerate(chunks)]
     accepted = sum(r["transactions"] for r in aggregates)
-    store.apply([manifest(batch_id, work_items=items, accepted=accepted)], results[:recorded])
+    store.apply([manifest(batch_id, work_items=items, rows=accepted)], results[:recorded])
     return invoices
 
 

@@ -20,9 +20,10 @@ import sqlalchemy as sa
 from alembic.script import ScriptDirectory
 
 from controller import reports
+from controller.schema import held
 from controller.store import MIGRATIONS, SCHEMA_REVISION, Store
 from shared.protocol import PoisonNotice
-from support.records import manifest, partial, result
+from support.records import held_row, manifest, partial, result
 
 BIG = 9 * 10**18  # three of these pass 2^63
 
@@ -34,11 +35,11 @@ def store(sql_url: str) -> Iterator[Store]:
 
 
 def test_duplicate_delivery_changes_nothing(store: Store) -> None:
-    first = store.apply([manifest(work_items=2, accepted=2)], [result("w1")])
+    first = store.apply([manifest(work_items=2, rows=2)], [result("w1")])
     assert (first.new_items, first.duplicate_items, first.completed_batches) == (1, 0, [])
     before = (store.batch("b1"), reports.aggregates(store, "b1"))
 
-    again = store.apply([manifest(work_items=2, accepted=2)], [result("w1"), result("w1")])
+    again = store.apply([manifest(work_items=2, rows=2)], [result("w1"), result("w1")])
 
     assert (again.new_items, again.duplicate_items, again.completed_batches) == (0, 2, [])
     after = store.batch("b1")
@@ -59,7 +60,7 @@ def test_results_before_manifest_then_manifest_completes(store: Store) -> None:
         None,
     )
 
-    outcome = store.apply([manifest(work_items=2, accepted=2, accepted_at=accepted_at)], [])
+    outcome = store.apply([manifest(work_items=2, rows=2, accepted_at=accepted_at)], [])
 
     assert outcome.completed_batches == ["b1"]
     done = store.batch("b1")
@@ -84,7 +85,7 @@ def test_results_before_manifest_then_manifest_completes(store: Store) -> None:
 
 def test_sums_beyond_64_bits_stay_exact(store: Store) -> None:
     big = partial(net=BIG, tax=BIG, quantity="999999999.999999")
-    store.apply([manifest(work_items=3, accepted=3)], [result(f"w{i}", big) for i in range(3)])
+    store.apply([manifest(work_items=3, rows=3)], [result(f"w{i}", big) for i in range(3)])
 
     frame = reports.aggregates(store, "b1")
     row = frame.iloc[0]
@@ -98,7 +99,7 @@ def test_sums_beyond_64_bits_stay_exact(store: Store) -> None:
 
 
 def test_partial_overlap_adds_only_the_new_item(store: Store) -> None:
-    store.apply([manifest(work_items=2, accepted=2)], [result("a", partial(net=100, tax=10))])
+    store.apply([manifest(work_items=2, rows=2)], [result("a", partial(net=100, tax=10))])
     outcome = store.apply(
         [], [result("a", partial(net=100, tax=10)), result("b", partial(net=7, tax=1, quantity="0.25"))]
     )
@@ -117,7 +118,7 @@ def test_concurrent_controllers_neither_lose_nor_double_count(sql_url: str) -> N
         try:
             with Store(sql_url) as mine:
                 for i in range(0, len(items), 4):  # overlapping, shifted windows: every item arrives twice
-                    mine.apply([manifest(work_items=40, accepted=40)], items[(i + offset) % 40 : (i + offset) % 40 + 6])
+                    mine.apply([manifest(work_items=40, rows=40)], items[(i + offset) % 40 : (i + offset) % 40 + 6])
         except BaseException as exc:
             errors.append(exc)
 
@@ -142,7 +143,7 @@ def test_concurrent_controllers_neither_lose_nor_double_count(sql_url: str) -> N
 
 def test_reports_shapes_and_quantity_format(store: Store) -> None:
     store.apply(
-        [manifest(work_items=1, accepted=3)],
+        [manifest(work_items=1, rows=3)],
         [
             result(
                 "w1",
@@ -191,7 +192,7 @@ def test_reports_shapes_and_quantity_format(store: Store) -> None:
 
 
 def test_json_and_parquet_keep_huge_money_exact(store: Store, tmp_path: Path) -> None:
-    store.apply([manifest(work_items=3, accepted=3)], [result(f"w{i}", partial(net=BIG, tax=BIG)) for i in range(3)])
+    store.apply([manifest(work_items=3, rows=3)], [result(f"w{i}", partial(net=BIG, tax=BIG)) for i in range(3)])
     frame = reports.invoices(store, "b1")
 
     text = reports.write_report(frame, "json") or ""
@@ -208,16 +209,8 @@ def test_json_and_parquet_keep_huge_money_exact(store: Store, tmp_path: Path) ->
 
 def test_csv_escapes_formulas(store: Store, tmp_path: Path) -> None:
     raws = ['=HYPERLINK("http://x")', "+1", "-2", "@SUM(A1)", "plain"]
-    store.apply(
-        [
-            manifest(
-                work_items=0,
-                accepted=0,
-                rejects=[{"row": i + 1, "reason": "missing_field", "raw": raw} for i, raw in enumerate(raws)],
-            )
-        ],
-        [],
-    )
+    rejected = [{"row": i + 1, "reason": "missing_field", "raw": raw} for i, raw in enumerate(raws)]
+    store.apply([manifest(work_items=1, rows=len(raws))], [result("w1", rejects=rejected)])
 
     text = reports.write_report(reports.rejects(store, "b1"), "csv") or ""
     cells = [row["raw"] for row in csv.DictReader(io.StringIO(text))]
@@ -232,7 +225,8 @@ def test_rejects_round_trip_and_all_rejected_batch_completes(store: Store) -> No
         {"row": row, "reason": "invalid_quantity", "raw": json.dumps({"quantity": f"x{row}"})}
         for row in range(12_000, 0, -1)
     ]
-    outcome = store.apply([manifest(work_items=0, accepted=0, rejects=rejected)], [])
+    store.apply([manifest(work_items=2, rows=12_000)], [result("w2", rejects=rejected[:5_000])])
+    outcome = store.apply([], [result("w1", rejects=rejected[5_000:])])
 
     assert outcome.completed_batches == ["b1"]
     status = store.batch("b1")
@@ -246,12 +240,47 @@ def test_rejects_round_trip_and_all_rejected_batch_completes(store: Store) -> No
     assert list(frame.columns) == ["row", "reason", "raw"] and len(frame) == 12_000
     assert list(frame["row"][:3]) == [1, 2, 3] and json.loads(frame["raw"][0]) == {"quantity": "x1"}
 
-    store.apply([manifest(work_items=0, accepted=0, rejects=rejected[:1])], [])  # redelivered manifest: no change
+    store.apply([manifest(work_items=2, rows=12_000)], [result("w1", rejects=rejected[5_000:])])  # redelivered
     assert len(reports.rejects(store, "b1")) == 12_000
+    assert store.batch("b1") == status
+
+
+def test_held_repeats_are_decided_once_every_row_is_validated(store: Store) -> None:
+    """``duplicate_transaction_id`` is decided last, among otherwise valid rows: a repeat of an accepted
+    first occurrence is a duplicate; of a rejected one, the earliest otherwise valid repeat is counted and
+    the later ones are duplicates. Nothing held counts before the batch's every work item is in."""
+    # Row 1 (id A) is accepted, row 2 (id B) rejected; rows 3 and 5 repeat A, rows 4 and 6 repeat B.
+    w1 = result("w1", partial(net=100, tax=10), rejects=[{"row": 2, "reason": "invalid_quantity", "raw": "{}"}])
+    w2 = result("w2", held=[held_row(3, 1, net=1000), held_row(6, 2, net=3000)])
+    w3 = result("w3", held=[held_row(5, 1, net=5000), held_row(4, 2, net=2000)])
+    store.apply([manifest(work_items=3, rows=6)], [w2, w1])
+    store.apply([], [], [PoisonNotice("b1", "w3", "checksum_mismatch")])
+    status = store.batch("b1")
+    assert status is not None and (status.state, status.accepted, status.rejected) == ("failed", 1, 1)
+    assert list(reports.aggregates(store, "b1")["net"]) == [100], "held rows wait for every row"
+
+    outcome = store.apply([], [w3])  # replayed from the poison queue
+
+    assert outcome.completed_batches == ["b1"]
+    status = store.batch("b1")
+    assert status is not None and (status.rows, status.accepted, status.rejected) == (6, 2, 4)
+    assert status.transactions_recorded == 2
+    assert list(reports.aggregates(store, "b1")["net"]) == [100 + 2000]
+    frame = reports.rejects(store, "b1")
+    assert list(zip(frame["row"], frame["reason"], frame["raw"], strict=True)) == [
+        (2, "invalid_quantity", "{}"),
+        (3, "duplicate_transaction_id", '{"row": 3}'),
+        (5, "duplicate_transaction_id", '{"row": 5}'),
+        (6, "duplicate_transaction_id", '{"row": 6}'),
+    ]
+    store.apply([manifest(work_items=3, rows=6)], [w3, w2])  # redelivered: no change
+    assert store.batch("b1") == status and len(reports.rejects(store, "b1")) == 4
+    with store.engine.connect() as conn:
+        assert conn.execute(sa.select(sa.func.count()).select_from(held)).scalar() == 0, "decided rows go"
 
 
 def test_refused_manifest(store: Store) -> None:
-    outcome = store.apply([manifest(work_items=0, accepted=0, refused="file is not UTF-8")], [])
+    outcome = store.apply([manifest(work_items=0, rows=0, refused="file is not UTF-8")], [])
 
     status = store.batch("b1")
     assert outcome.completed_batches == []
@@ -260,7 +289,7 @@ def test_refused_manifest(store: Store) -> None:
 
 
 def test_poisoned_item_fails_the_batch_until_a_replay_completes_it(store: Store) -> None:
-    store.apply([manifest(work_items=2, accepted=2)], [result("w1")])
+    store.apply([manifest(work_items=2, rows=2)], [result("w1")])
     notice = PoisonNotice("b1", "w2", "unknown_reference_data")
     assert store.apply([], [], [notice]).failed_batches == ["b1"]
     assert store.apply([], [], [notice]).failed_batches == []  # a repeated notice changes nothing
@@ -278,19 +307,20 @@ def test_poisoned_item_fails_the_batch_until_a_replay_completes_it(store: Store)
 
 
 def test_the_store_adds_requests_per_batch(store: Store) -> None:
-    store.apply([manifest("b1", work_items=2, accepted=4)], [result("w1")], requests={"b1": 7})
-    store.apply([], [result("w1"), result("w2")], requests={"b1": 5})  # a redelivery still cost requests
+    w1, w2 = result("w1", partial(transactions=3)), result("w2", rejects=[{"row": 4, "reason": "x", "raw": "{}"}])
+    store.apply([manifest("b1", work_items=2, rows=4)], [w1], requests={"b1": 7})
+    store.apply([], [w1, w2], requests={"b1": 5})  # a redelivery still cost requests
     status = store.batch("b1")
     assert status is not None and status.state == "complete"
     assert status.requests == 12
-    assert status.to_json_dict()["requests_per_1000"] == 12 * 1000 / 4
+    assert status.to_json_dict()["requests_per_1000"] == 12 * 1000 / 3, "per accepted transaction"
 
 
 def test_only_settled_batches_past_the_retention_lose_their_claim_checks(store: Store) -> None:
-    store.apply([manifest("complete", work_items=1, accepted=1)], [result("c1", partial(), batch_id="complete")])
-    store.apply([manifest("refused", work_items=0, accepted=0, refused="file is not UTF-8")], [])
-    store.apply([manifest("processing", work_items=2, accepted=2)], [result("p1", partial(), batch_id="processing")])
-    store.apply([manifest("failed", work_items=1, accepted=1)], [], [PoisonNotice("failed", "f1", "checksum_mismatch")])
+    store.apply([manifest("complete", work_items=1, rows=1)], [result("c1", partial(), batch_id="complete")])
+    store.apply([manifest("refused", work_items=0, rows=0, refused="file is not UTF-8")], [])
+    store.apply([manifest("processing", work_items=2, rows=2)], [result("p1", partial(), batch_id="processing")])
+    store.apply([manifest("failed", work_items=1, rows=1)], [], [PoisonNotice("failed", "f1", "checksum_mismatch")])
     now = datetime.now(UTC)
 
     assert store.claims_to_delete(now - timedelta(hours=1)) == []  # settled too recently

@@ -19,13 +19,19 @@ from alembic import command
 from alembic.config import Config
 
 from controller import reports
-from controller.schema import aggregates, batches, work_items
+from controller.schema import aggregates, batches, held, work_items
 from controller.store import MIGRATIONS, Store, _fold, _FoldCache, _Folded, _keys, _partials
 from shared.protocol import PoisonNotice, WorkItemResult
 from shared.rules.sample import generate
 from support import records
 from support.benchmarks import run_benchmark
-from support.records import manifest, result
+from support.records import held_row, manifest, result
+
+
+def partials_of(results: list[WorkItemResult]) -> pa.Table:
+    """The results' partials as the store folds them."""
+    return _partials([(r.batch_id, r.partials) for r in results])
+
 
 ACCOUNTS = [f"acct-{i}" for i in range(5)]
 CURRENCIES = {"CPU": "USD", "GPU": "JPY", "NET": "BHD"}
@@ -128,13 +134,13 @@ def test_the_cached_aggregates_add_key_by_key_like_a_fold_of_everything() -> Non
     apply touched, is what one fold of every partial so far gives."""
     rng = random.Random(4)
     items = [edge_result(rng, f"b1-w{i}") for i in range(120)]
-    everything = _partials(items)
+    everything = partials_of(items)
     done = 5
-    folded = _Folded(_fold(_partials(items[:done])))  # as read
+    folded = _Folded(_fold(partials_of(items[:done])))  # as read
     while done < len(items):
         call = items[done : done + rng.randint(1, 3)]  # repeated keys within a call, too
         done += len(call)
-        folded.add(folded.plus(_partials(call)))
+        folded.add(folded.plus(partials_of(call)))
         want = _fold(everything.slice(0, sum(r.partials.num_rows for r in items[:done])))
         assert len(folded) == want.num_rows
         assert folded.plus(zeroed(want)).table.equals(want)
@@ -168,7 +174,7 @@ def test_applies_adding_to_few_keys_again_and_again_stay_exact(store: Store, per
     rng = random.Random(per_call)
     items = [edge_result(rng, f"b1-w{i}") for i in range(90)]
     rng.shuffle(items)
-    store.apply([manifest(work_items=len(items), accepted=sum(r.transactions for r in items))], [])
+    store.apply([manifest(work_items=len(items), rows=sum(r.transactions for r in items))], [])
     for start in range(0, len(items), per_call):
         store.apply([], items[start : start + per_call] + rng.sample(items[:start], min(start, rng.randint(0, 1))))
 
@@ -188,7 +194,7 @@ def test_fold_matches_the_exact_reference(store: Store, seed: int) -> None:
     items = [random_result(rng, f"{batch}-w{i}", batch) for batch in ("b1", "b2") for i in range(60)]
     poisoned = [items[3], items[70]]
     manifests = [
-        manifest(batch, work_items=60, accepted=sum(r.transactions for r in items if r.batch_id == batch))
+        manifest(batch, work_items=60, rows=sum(r.transactions for r in items if r.batch_id == batch))
         for batch in ("b1", "b2")
     ]
     store.apply(manifests[:1], [], [PoisonNotice(r.batch_id, r.work_item_id, "checksum_mismatch") for r in poisoned])
@@ -220,7 +226,7 @@ def test_fold_matches_the_exact_reference(store: Store, seed: int) -> None:
 def test_sums_an_arrow_decimal_would_overflow_stay_exact(store: Store) -> None:
     huge = 9 * 10**37  # with 10 more rows, rows x largest passes 10^38: summed wider, still exact
     items = [result("w0", partial(net=huge, tax=0))] + [result(f"w{i}", partial(net=1, tax=0)) for i in range(1, 11)]
-    store.apply([manifest(work_items=11, accepted=11)], items)
+    store.apply([manifest(work_items=11, rows=11)], items)
 
     row = reports.aggregates(store, "b1").iloc[0]
     assert (row["net"], row["total"], row["transactions"]) == (huge + 10, huge + 10, 11)
@@ -234,7 +240,7 @@ BEYOND_THE_STORED_TYPE = [
 
 @pytest.mark.parametrize("rows", BEYOND_THE_STORED_TYPE)
 def test_a_sum_beyond_the_stored_type_records_nothing(store: Store, rows: list[dict[str, Any]]) -> None:
-    store.apply([manifest(work_items=2, accepted=2)], [])
+    store.apply([manifest(work_items=2, rows=2)], [])
     with pytest.raises(ValueError):
         store.apply([], [result("w1", rows[0], transactions=1), result("w2", rows[1], transactions=1)])
 
@@ -247,7 +253,7 @@ def test_a_sum_beyond_the_stored_type_records_nothing(store: Store, rows: list[d
 def test_a_sum_beyond_the_stored_type_over_two_applies_records_nothing_of_the_second(
     store: Store, rows: list[dict[str, Any]]
 ) -> None:
-    store.apply([manifest(work_items=2, accepted=2)], [result("w1", rows[0], transactions=1)])
+    store.apply([manifest(work_items=2, rows=2)], [result("w1", rows[0], transactions=1)])
     before = reports.aggregates(store, "b1")
     with pytest.raises((ValueError, sa.exc.DataError)):  # added in Arrow on SQLite, in SQL on PostgreSQL
         store.apply([], [result("w2", rows[1], transactions=1)])
@@ -258,7 +264,7 @@ def test_a_sum_beyond_the_stored_type_over_two_applies_records_nothing_of_the_se
 
 
 def test_a_null_sum_records_nothing(store: Store) -> None:
-    store.apply([manifest(work_items=1, accepted=1)], [])
+    store.apply([manifest(work_items=1, rows=1)], [])
     with pytest.raises(ValueError, match="null net"):
         store.apply([], [result("w1", partial() | {"net": None})])
 
@@ -268,14 +274,17 @@ def test_a_null_sum_records_nothing(store: Store) -> None:
 
 
 def test_refusal_after_results_forgets_the_batch(store: Store) -> None:
-    store.apply([manifest("other", work_items=1, accepted=1)], [result("o1", batch_id="other")])
-    store.apply([], [result("w1", partial(net=10**20)), result("w2", partial("acct-2"))])
-    store.apply([], [], [PoisonNotice("b1", "w4", "checksum_mismatch")])
-    assert not reports.aggregates(store, "b1").empty
+    store.apply([manifest("other", work_items=1, rows=1)], [result("o1", batch_id="other")])
     rejected = [{"row": 3, "reason": "invalid_quantity", "raw": "{}"}]
+    repeats = [held_row(4, repeat_of=3)]
+    store.apply(
+        [], [result("w1", partial(net=10**20), rejects=rejected, held=repeats), result("w2", partial("acct-2"))]
+    )
+    store.apply([], [], [PoisonNotice("b1", "w4", "checksum_mismatch")])
+    assert not reports.aggregates(store, "b1").empty and not reports.rejects(store, "b1").empty
 
     outcome = store.apply(
-        [manifest(work_items=0, accepted=0, rejects=rejected, refused="file is not UTF-8 past row 2000")],
+        [manifest(work_items=0, rows=0, refused="file is not UTF-8 past row 2000")],
         [result("w3"), result("w1")],  # after the refusal in the same call: recorded, not counted
     )
 
@@ -289,11 +298,13 @@ def test_refusal_after_results_forgets_the_batch(store: Store) -> None:
         3,
     )
     assert reports.aggregates(store, "b1").empty and reports.invoices(store, "b1").empty
-    assert reports.rejects(store, "b1").empty
+    assert reports.rejects(store, "b1").empty and (status.accepted, status.rejected) == (0, 0)
+    with store.engine.connect() as conn:
+        assert conn.execute(sa.select(sa.func.count()).select_from(held)).scalar() == 0
 
     late = store.apply([], [result("w5", partial(net=7)), result("w4"), result("w2"), result("w5")])
     assert (late.new_items, late.duplicate_items) == (2, 2)  # new, recovered from poison; duplicates
-    again = store.apply([manifest(work_items=5, accepted=5)], [result("w5")])  # a later manifest changes nothing
+    again = store.apply([manifest(work_items=5, rows=5)], [result("w5")])  # a later manifest changes nothing
     assert (again.new_items, again.duplicate_items) == (0, 1)
     status = store.batch("b1")
     assert status is not None
@@ -374,7 +385,7 @@ def test_a_store_that_cached_a_batch_counts_nothing_once_another_refused_it(sql_
     with Store(sql_url) as first, Store(sql_url) as second:
         first.apply([], [result("w1", partial(net=10**20)), result("w2", partial("acct-2"))])
         first.apply([], [result("o1", batch_id="o")])
-        second.apply([manifest(work_items=4, accepted=4, refused="file is not UTF-8 past row 2000")], [])
+        second.apply([manifest(work_items=4, rows=4, refused="file is not UTF-8 past row 2000")], [])
         first.apply([], [result("w3", partial(net=7)), result("o2", partial(net=5), batch_id="o")])
         second.apply([], [result("w4", partial(net=9)), result("o3", partial(net=1), batch_id="o")])
 
@@ -388,7 +399,7 @@ def test_a_failed_apply_leaves_nothing_stale(store: Store) -> None:
     """After an apply that failed (a sum beyond the stored type; the database refusing the batch's update after
     its aggregates were written: a real trigger), the next applies add to what is stored."""
     huge = 9 * 10**37
-    store.apply([manifest(work_items=4, accepted=4)], [result("w1", partial(net=huge, tax=0))])
+    store.apply([manifest(work_items=4, rows=4)], [result("w1", partial(net=huge, tax=0))])
     with pytest.raises((ValueError, sa.exc.DataError)):  # added in Arrow on SQLite, in SQL on PostgreSQL
         store.apply([], [result("w2", partial(net=huge, tax=0))])
     with _refusing_updates(store, completed_items=2), pytest.raises(sa.exc.DBAPIError, match="injected failure"):
@@ -437,8 +448,8 @@ class _refusing_updates:
 
 def test_the_fold_cache_keeps_recent_unsettled_batches_within_its_bound(tmp_path: Path) -> None:
     """What the cache gives back, over a real (empty) SQLite database: its entry, or what is stored (nothing)."""
-    tables = {b: _fold(_partials([result(f"{b}-w", partial("x"), partial("y"), batch_id=b)])) for b in "abcd"}
-    tables["big"] = _fold(_partials([result("big-w", *(partial(f"acct-{i}") for i in range(6)), batch_id="big")]))
+    tables = {b: _fold(partials_of([result(f"{b}-w", partial("x"), partial("y"), batch_id=b)])) for b in "abcd"}
+    tables["big"] = _fold(partials_of([result("big-w", *(partial(f"acct-{i}") for i in range(6)), batch_id="big")]))
     entries = {b: _Folded(table.slice(0, 0)) for b, table in tables.items()}
     written = {b: (entries[b], entries[b].plus(table)) for b, table in tables.items()}
     rows = {b: {"state": "processing", "fold_token": f"t-{b}", "completed_items": 1} for b in tables}

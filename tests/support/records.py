@@ -10,7 +10,7 @@ from typing import Any
 import pyarrow as pa
 
 from shared.protocol import Manifest, WorkItemResult
-from shared.rules.schemas import PARTIAL_SCHEMA, REJECT_SCHEMA
+from shared.rules.schemas import HELD_SCHEMA, PARTIAL_SCHEMA, REJECT_SCHEMA
 
 
 def partial(
@@ -39,40 +39,53 @@ def partial(
 
 
 def result(
-    work_item_id: str, *rows: dict[str, Any], batch_id: str = "b1", transactions: int | None = None
+    work_item_id: str,
+    *rows: dict[str, Any],
+    batch_id: str = "b1",
+    transactions: int | None = None,
+    rejects: list[dict[str, Any]] | None = None,
+    held: list[dict[str, Any]] | None = None,
 ) -> WorkItemResult:
-    """A work item's result from partial rows (one default row if none); its transactions are the
-    rows' unless given."""
-    rows = rows or (partial(),)
+    """A work item's result from partial rows (one default row if none; none at all when ``rejects`` or
+    ``held`` are given), its rejects (``REJECT_SCHEMA`` rows) and held rows (:func:`held_row`); its
+    transactions are the partial rows' unless given."""
+    rows = rows or (() if rejects or held else (partial(),))
     table = pa.Table.from_pylist(list(rows), schema=PARTIAL_SCHEMA)
     count = sum(int(r["transactions"]) for r in rows) if transactions is None else transactions
-    return WorkItemResult(work_item_id, batch_id, count, table)
+    return WorkItemResult(
+        work_item_id,
+        batch_id,
+        count,
+        table,
+        pa.Table.from_pylist(rejects or [], schema=REJECT_SCHEMA),
+        pa.Table.from_pylist(held or [], schema=HELD_SCHEMA),
+    )
+
+
+def held_row(row: int, repeat_of: int, account: str = "acct-1", **amounts: Any) -> dict[str, Any]:
+    """An otherwise valid row that repeats the id of row ``repeat_of``, rated on its own (see :func:`partial`)."""
+    return {"row": row, "repeat_of": repeat_of, "raw": f'{{"row": {row}}}', **partial(account, **amounts)}
 
 
 def manifest(
     batch_id: str = "b1",
     *,
     work_items: int = 1,
-    accepted: int = 1,
-    rejects: list[dict[str, Any]] | None = None,
+    rows: int = 1,
     refused: str | None = None,
     accepted_at: datetime | None = None,
     **phases: datetime | None,
 ) -> Manifest:
-    """A batch's manifest: ``accepted`` rows plus the ``rejects`` given, accepted two seconds ago
-    unless ``accepted_at`` says when; ``phases`` are its phase times (``uploaded_at``, ...)."""
-    table = pa.Table.from_pylist(rejects or [], schema=REJECT_SCHEMA)
+    """A batch's manifest: ``rows`` rows in ``work_items`` work items, accepted two seconds ago unless
+    ``accepted_at`` says when; ``phases`` are its phase times (``uploaded_at``, ...)."""
     return Manifest(
         batch_id=batch_id,
         source="batch.csv",
-        rows=accepted + table.num_rows,
-        accepted=accepted,
-        rejected=table.num_rows,
+        rows=rows,
         work_items=work_items,
         pricebook_hash="pb",
         taxes_hash="tx",
         accepted_at=accepted_at or datetime.now(UTC) - timedelta(seconds=2),
-        rejects=table,
         refused=refused,
         **phases,
     )

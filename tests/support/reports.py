@@ -19,7 +19,7 @@ def fill(store: Store) -> None:
             manifest("b1"),
             manifest("b2"),
             manifest("b3", work_items=2),
-            manifest("evil", rejects=[{"row": 2, "reason": "invalid_account_id", "raw": HOSTILE}]),
+            manifest("evil", rows=2),
         ],
         [
             result(
@@ -32,6 +32,11 @@ def fill(store: Store) -> None:
             ),
             result("w2", partial("acct-1", day="2026-03-01", net=BIG, tax=2, quantity="2.25"), batch_id="b2"),
             result("w3", partial("acct-1", day="2026-03-02", net=99, tax=9), batch_id="b3"),
-            result("e1", partial("acct-9", day="2026-03-02", net=1, tax=0), batch_id="evil"),
+            result(
+                "e1",
+                partial("acct-9", day="2026-03-02", net=1, tax=0),
+                batch_id="evil",
+                rejects=[{"row": 2, "reason": "invalid_account_id", "raw": HOSTILE}],
+            ),
         ],
     )

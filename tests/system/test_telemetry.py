@@ -105,7 +105,7 @@ def test_a_batch_is_one_trace_across_the_roles_and_its_counts_match_status(
             assert parent is not None and parent.name == "send work item" and parent.service == "initiator"
     applied = [span for span in spans if span.name == "apply work item"]
     assert len({span.attributes[telemetry.WORK_ITEM_ID] for span in applied}) == work_items
-    assert sum(span.attributes[telemetry.ROWS] for span in applied) == status["accepted"]
+    assert sum(span.attributes[telemetry.ROWS] for span in applied) == status["rows"]
     applies = [span for span in spans if span.name.startswith("apply ")]
     assert sum(span.attributes[telemetry.REQUESTS] for span in applies) == status["requests"]
     (complete,) = [span for span in spans if span.name == "batch complete"]

@@ -7,16 +7,17 @@ from collections import defaultdict
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
+import pandas as pd
 import pyarrow as pa
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shared.errors import ReferenceDataError
-from shared.rules.rating import aggregate, rate
-from shared.rules.reference import load_price_book, load_tax_table
+from shared.rules.rating import aggregate, itemise
+from shared.rules.reference import PriceBook, TaxTable, load_price_book, load_tax_table
 from shared.rules.schemas import PARTIAL_SCHEMA
-from shared.rules.validation import TransactionIdSet, validate
+from shared.rules.validation import validate
 from support.reference_model import Row, check_batch, rate_row, raw_chunk, read_prices, read_rates
 
 PRICES = """product,currency,unit_price,offpeak_unit_price,minimum_charge
@@ -53,8 +54,15 @@ BOUNDARIES = [
 ]
 
 
+def rate(accepted: pa.Table, price_book: PriceBook, tax_table: TaxTable) -> pd.DataFrame:
+    """Each row's amounts as :func:`itemise` rates them (held repeats are rated so)."""
+    itemised = itemise(accepted, price_book, tax_table)
+    assert itemised.schema == PARTIAL_SCHEMA and itemised["transactions"].to_pylist() == [1] * accepted.num_rows
+    return itemised.select(["net", "tax", "total", "currency", "billing_day"]).to_pandas()
+
+
 def accepted_table(rows: list[dict[str, str | None]]) -> tuple[pa.Table, list[Row]]:
-    good, bad = validate(raw_chunk(rows), BOOK, TAXES, TransactionIdSet())
+    good, bad = validate(raw_chunk(rows), BOOK, TAXES)
     assert bad.num_rows == 0, bad.to_pylist()[:3]
     model = check_batch(rows, MODEL_PRICES, MODEL_RATES)
     assert all(isinstance(r, Row) for r in model)
@@ -253,7 +261,7 @@ def test_arithmetic_matches_the_model(
                 "quantity": f"{q // 10**6}.{q % 10**6:06d}",
             }
         )
-    good, bad = validate(raw_chunk(raw), book, taxes, TransactionIdSet())
+    good, bad = validate(raw_chunk(raw), book, taxes)
     assert bad.num_rows == 0
     got = rate(good, book, taxes)
     model_prices, model_rates = read_prices(prices), read_rates(rates)

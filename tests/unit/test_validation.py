@@ -7,16 +7,17 @@ import random
 from datetime import datetime, timedelta
 from pathlib import Path
 
-import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shared.rules.batchfile import read_chunks
+from shared.rules.duplicates import FirstOccurrences, keep_first
 from shared.rules.reference import load_price_book, load_tax_table
 from shared.rules.schemas import REJECT_SCHEMA
-from shared.rules.validation import ACCEPTED_SCHEMA, REASONS, TransactionIdSet, validate
+from shared.rules.validation import ACCEPTED_SCHEMA, REASONS, validate
 from support.batchfiles import with_raw
 from support.reference_model import Row, check_batch, raw_chunk, read_prices, read_rates
 
@@ -159,14 +160,47 @@ def generated_rows(count: int, seed: int) -> list[dict[str, str | None]]:
 
 
 def run(rows: list[dict[str, str | None]], chunk_size: int) -> tuple[pa.Table, pa.Table]:
-    seen = TransactionIdSet()
-    goods, bads = [], []
-    for first in range(0, len(rows), chunk_size):
-        good, bad = validate(raw_chunk(rows[first : first + chunk_size], first + 1), BOOK, TAXES, seen)
+    """(accepted, rejects) of ``rows`` as the pipeline splits the rules: repeated ids marked in file order
+    (the initiator), each chunk validated alone (a processor, holding the otherwise valid repeats), the held
+    rows decided once every row is validated (the controller)."""
+    first = FirstOccurrences()
+    goods, bads, helds = [], [], []
+    for start in range(0, len(rows), chunk_size):
+        chunk = raw_chunk(rows[start : start + chunk_size], start + 1)
+        ids = pc.utf8_trim_whitespace(chunk.column("transaction_id").combine_chunks())
+        chunk = chunk.append_column("repeat_of", pa.array(first.repeat_of(ids, chunk.column("row").to_numpy())))
+        good, bad = validate(chunk, BOOK, TAXES)
         assert good.schema == ACCEPTED_SCHEMA and bad.schema == REJECT_SCHEMA
-        goods.append(good)
+        repeats = chunk.filter(pc.greater(chunk.column("repeat_of"), 0))
+        held = pc.is_in(good.column("row"), value_set=repeats.column("row"))
+        goods.append(good.filter(pc.invert(held)))
         bads.append(bad)
-    return pa.concat_tables(goods), pa.concat_tables(bads)
+        helds.append((good.filter(held), repeats.filter(pc.is_in(repeats.column("row"), value_set=good.column("row")))))
+    rejected = pa.concat_tables(bads)
+    held_rows = pa.concat_tables([rows for rows, _ in helds])
+    held_chunks = pa.concat_tables([chunk for _, chunk in helds])
+    assert held_rows.column("row") == held_chunks.column("row")
+    kept = keep_first(
+        held_chunks.column("row").to_numpy(),
+        held_chunks.column("repeat_of").to_numpy(),
+        rejected.column("row").to_numpy(),
+    )
+    duplicates = held_chunks.filter(pa.array(~kept))
+    rejected = pa.concat_tables(
+        [
+            rejected,
+            pa.table(
+                [
+                    duplicates.column("row"),
+                    pa.repeat("duplicate_transaction_id", duplicates.num_rows),
+                    duplicates.column("raw"),
+                ],
+                schema=REJECT_SCHEMA,
+            ),
+        ]
+    ).sort_by("row")
+    accepted = pa.concat_tables([*goods, held_rows.filter(pa.array(kept))]).sort_by("row")
+    return accepted, rejected
 
 
 def assert_matches_model(rows: list[dict[str, str | None]], chunk_size: int) -> list[Row | str]:
@@ -240,7 +274,7 @@ def test_every_value_in_every_field(field: str, value: str | None) -> None:
     ],
 )
 def test_precedence(row: dict[str, str | None], reason: str | None) -> None:
-    _, bad = validate(raw_chunk([row]), BOOK, TAXES, TransactionIdSet())
+    _, bad = validate(raw_chunk([row]), BOOK, TAXES)
     assert bad.column("reason").to_pylist() == ([reason] if reason else [])
     assert check_batch([row], MODEL_PRICES, MODEL_RATES)[0] == reason or reason is None
 
@@ -265,26 +299,9 @@ def test_duplicates_keep_the_first_valid_occurrence_across_chunks() -> None:
     assert bad.column("raw").to_pylist()[0].startswith('{"transaction_id": "a"')
 
 
-@pytest.mark.parametrize("run_ids", [1 << 20, 150], ids=["one-run", "sealed-runs"])
-def test_transaction_id_set(run_ids: int) -> None:
-    seen = TransactionIdSet(run_ids=run_ids)
-    ids = np.array([f"id-{i}" for i in range(1000)], dtype=object)
-    h1, h2 = TransactionIdSet.hashes(ids)
-    for chunk in np.array_split(np.arange(1000), 10):  # chunks in file order, each sorted by h1
-        part = chunk[np.argsort(h1[chunk])]
-        assert not seen.contains(h1[part], h2[part]).any()
-        seen.add(h1[part], h2[part])
-    assert len(seen) == 1000
-    assert seen.contains(h1, h2).all()
-    assert not seen.contains(h1, h2 ^ np.uint32(1)).any(), "both parts of the hash must match"
-    assert h2.dtype == np.uint32, "12 bytes per id"
-    o1, o2 = TransactionIdSet.hashes(np.array(["id-1000", "ID-1"], dtype=object))
-    assert not seen.contains(o1, o2).any()
-
-
 def test_region_column_entirely_null() -> None:
     chunk = raw_chunk([GOOD, GOOD | {"transaction_id": "u"}]).set_column(5, "region", pa.nulls(2))
-    good, bad = validate(chunk, BOOK, TAXES, TransactionIdSet())
+    good, bad = validate(chunk, BOOK, TAXES)
     assert good.column("region").to_pylist() == ["*", "*"] and bad.num_rows == 0
 
 
@@ -334,20 +351,20 @@ def test_rejects_of_a_file_carry_their_rows_raw_text(tmp_path: Path) -> None:
         "note,transaction_id,account_id,timestamp,product,quantity\n"
         "first,t1,a,2026-03-02T09:15:00Z,cpu,1\n"
         "bad,t2,a,2026-03-02T09:15:00Z,disk,1\n"
-        "again,t1,a,2026-03-02T09:15:00Z,cpu,2\n"
+        "again,t1,a,2026-03-02T09:15:00Z,cpu,-2\n"
         "short,t3\n"
     )
     with path.open("rb") as source:
         [chunk] = read_chunks(source, "csv")
-    good, bad = validate(chunk, BOOK, TAXES, TransactionIdSet())
+    good, bad = validate(chunk, BOOK, TAXES)
     assert good["row"].to_pylist() == [1]
     assert bad["row"].to_pylist() == [2, 3, 4]
-    assert bad["reason"].to_pylist() == ["unknown_product", "duplicate_transaction_id", "missing_field"]
+    assert bad["reason"].to_pylist() == ["unknown_product", "negative_quantity", "missing_field"]
     assert bad["raw"].to_pylist() == with_raw(chunk)["raw"].to_pylist()[1:]
     assert [json.loads(raw) for raw in bad["raw"].to_pylist()] == [
         {"note": "bad", "transaction_id": "t2", "account_id": "a", "timestamp": "2026-03-02T09:15:00Z"}
         | {"product": "disk", "quantity": "1"},
         {"note": "again", "transaction_id": "t1", "account_id": "a", "timestamp": "2026-03-02T09:15:00Z"}
-        | {"product": "cpu", "quantity": "2"},
+        | {"product": "cpu", "quantity": "-2"},
         {"note": "short", "transaction_id": "t3"},
     ]

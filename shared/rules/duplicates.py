@@ -1,0 +1,132 @@
+"""Duplicate transaction ids (``BILLING_SPEC.md``, "Rejections"): ``duplicate_transaction_id`` is decided
+last, among otherwise valid rows, and the first otherwise valid occurrence of an id is kept.
+
+Whether a repeated id is a duplicate depends on the validity of its earlier rows, which may be validated
+anywhere. So the rule is decided in two cheap steps around validation, which can then run on any processor:
+
+1. :class:`FirstOccurrences`, one pass over the ids in file order (the initiator): each row's ``repeat_of``,
+   the row of its id's first occurrence, or 0 for a first occurrence.
+2. :func:`keep_first`, once every row is validated (the controller): of the otherwise valid rows that
+   repeat an id (held back until then), the first of each id is kept when the id's first occurrence was
+   rejected; every other one is a duplicate.
+
+A first occurrence that is otherwise valid is counted at once, as are rows whose id does not repeat.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from ..errors import FileRefused
+
+_HASH_KEYS = ("billing-txid-h1.", "billing-txid-h2.")
+#: Rows are remembered as uint32: a batch file of more data rows is refused.
+MAX_ROWS = np.iinfo(np.uint32).max
+
+
+class FirstOccurrences:
+    """The ids of one batch seen so far and the row of each one's first occurrence, in bounded memory.
+
+    Each id is remembered as 96 bits of two keyed SipHashes (a uint64 and a uint32 array, sorted by the
+    first) and its first row (uint32): 16 bytes per id whatever its length, so 10 million ids take 160 MB.
+    Ids are kept in sorted runs of ``run_ids``; a new chunk is merged into the open run only, so merging
+    never copies more than one run. Within one chunk ids are compared exactly; a false repeat across
+    chunks needs two distinct ids with equal 96-bit hashes (about n²/2^97, 10^-15 for 10 million ids:
+    never in practice).
+    """
+
+    def __init__(self, *, run_ids: int = 1 << 20) -> None:
+        self._run_ids = run_ids
+        self._sealed: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+        self._open = _empty_run()
+
+    def __len__(self) -> int:
+        return sum(len(h1) for h1, _, _ in (*self._sealed, self._open))
+
+    @staticmethod
+    def hashes(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The 64-bit and the 32-bit part of each id's hash (``ids``: an object array of str)."""
+        first, second = (pd.util.hash_array(ids, hash_key=key, categorize=False) for key in _HASH_KEYS)
+        return first, (second >> np.uint64(32)).astype(np.uint32)
+
+    def repeat_of(self, ids: pa.Array, rows: np.ndarray) -> np.ndarray:
+        """For the next rows of the file (``ids`` stripped, their 1-based ``rows`` ascending), the row of
+        each id's first occurrence, 0 where this is the first (or the id is empty); remembers the new ids.
+        Refuses a file of more than ``MAX_ROWS`` rows."""
+        repeat = np.zeros(len(ids), dtype=np.int64)
+        if len(rows) and rows[-1] > MAX_ROWS:
+            raise FileRefused(f"the file has more than {MAX_ROWS} data rows")
+        present = np.flatnonzero(
+            pc.fill_null(pc.greater(pc.binary_length(ids), 0), False).to_numpy(zero_copy_only=False)
+        )
+        if not len(present):
+            return repeat
+        strings = ids.take(pa.array(present)).to_numpy(zero_copy_only=False)
+        own = rows[present]
+        h1, h2 = self.hashes(strings)
+        order = np.argsort(h1, kind="stable")
+        sorted_h1, sorted_h2 = h1[order], h2[order]
+        first = np.zeros(len(present), dtype=np.int64)
+        first[order] = self._first_rows(sorted_h1, sorted_h2)
+        same_as_next = sorted_h1[1:] == sorted_h1[:-1]
+        candidate = np.zeros(len(present), dtype=bool)
+        candidate[order[1:][same_as_next]] = True
+        candidate[order[:-1][same_as_next]] = True
+        earliest: dict[str, int] = {}
+        for i in np.flatnonzero(candidate).tolist():  # only ids whose hash repeats within the chunk, in file order
+            at = earliest.setdefault(strings[i], i)
+            if at != i and not first[i]:
+                first[i] = own[at]
+        repeat[present] = first
+        fresh = order[first[order] == 0]
+        self._add(h1[fresh], h2[fresh], own[fresh].astype(np.uint32))
+        return repeat
+
+    def _first_rows(self, h1: np.ndarray, h2: np.ndarray) -> np.ndarray:
+        """The first row of each hashed id seen before, else 0 (``h1`` sorted: the searches then walk the
+        runs in order, four times faster)."""
+        found = np.zeros(len(h1), dtype=np.int64)
+        for run1, run2, run_rows in (*self._sealed, self._open):
+            left = np.searchsorted(run1, h1, side="left")
+            right = np.searchsorted(run1, h1, side="right")
+            single = np.flatnonzero(right - left == 1)
+            match = single[run2[left[single]] == h2[single]]
+            found[match] = run_rows[left[match]]
+            for i in np.flatnonzero(right - left > 1):  # equal 64-bit parts: astronomically rare
+                same = np.flatnonzero(run2[left[i] : right[i]] == h2[i])
+                if len(same):
+                    found[i] = run_rows[left[i] + same[0]]
+        return found
+
+    def _add(self, h1: np.ndarray, h2: np.ndarray, rows: np.ndarray) -> None:
+        """Remember new hashed ids, given sorted by ``h1``: one linear merge into the open run."""
+        at = np.searchsorted(self._open[0], h1) + np.arange(len(h1))
+        new = np.zeros(len(self._open[0]) + len(h1), dtype=bool)
+        new[at] = True
+        merged = _empty_run(len(new))
+        for target, old, added in zip(merged, self._open, (h1, h2, rows), strict=True):
+            target[at], target[~new] = added, old
+        self._open = merged
+        if len(merged[0]) >= self._run_ids:
+            self._sealed.append(merged)
+            self._open = _empty_run()
+
+
+def _empty_run(size: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    return np.empty(size, dtype=np.uint64), np.empty(size, dtype=np.uint32), np.empty(size, dtype=np.uint32)
+
+
+def keep_first(rows: np.ndarray, repeat_of: np.ndarray, rejected: np.ndarray) -> np.ndarray:
+    """Which held rows are kept: per first occurrence (``repeat_of``), the earliest held row when that
+    first occurrence is among the ``rejected`` rows; every other held row is a duplicate."""
+    kept = np.zeros(len(rows), dtype=bool)
+    if not len(rows):
+        return kept
+    order = np.lexsort((rows, repeat_of))
+    firsts = repeat_of[order]
+    earliest = order[np.flatnonzero(np.r_[True, firsts[1:] != firsts[:-1]])]
+    kept[earliest] = np.isin(repeat_of[earliest], rejected)
+    return kept
