@@ -1,6 +1,7 @@
 """The controller's store benchmark: CPU seconds of ``Store.apply`` per 1,000,000 transactions, on SQLite.
 
-Cuts a batch file into work items as the initiator does (``Debatch``), rates each as a processor does
+Cuts a batch file into work items as the initiator does (``Debatch``, from the file's frames as the inbox holds
+them), reads and rates each as a processor does
 (``rate_work_items``: one results message per work item) and reads the results back as the controller does. Then
 records them into a fresh SQLite store, ``N`` results messages per ``apply`` (the controller applies what one
 receive brought, 1 to 32 messages), and reports the process CPU time the applies took, best of ``--repeat``.
@@ -10,6 +11,7 @@ receive brought, 1 to 32 messages), and reports the process CPU time the applies
 
 from __future__ import annotations
 
+import io
 import json
 import tempfile
 import time
@@ -21,6 +23,7 @@ import click
 from controller.store import Store
 from initiator.debatch import Debatch
 from processor.jobs import rate_work_items
+from shared import inbox
 from shared.protocol import Manifest, WorkHeader, WorkItemResult, parse_results
 from shared.rules.reference import load_price_book, load_tax_table
 from shared.rules.sample import sample_price_book_bytes, sample_tax_table_bytes
@@ -36,9 +39,12 @@ def rated(source: Path, price_book: bytes, tax_table: bytes, *, work_item_size: 
     debatch = Debatch(work_item_size=work_item_size)
     messages = []
     with source.open("rb") as stream:
-        for index, (rows, encoded) in enumerate(debatch.items(stream, "csv")):
-            header = WorkHeader(f"{BATCH}-{index}", BATCH, book.content_hash, taxes.content_hash, rows)
-            envelope, poisoned = rate_work_items([(header, encoded)], references, [{}])
+        blob, frames = inbox.in_memory(stream, inbox.frame_bytes(source.stat().st_size))
+    with io.BytesIO(blob) as stream:
+        for index, cut in enumerate(debatch.parts(BATCH, "csv", inbox.read_frames(stream, frames))):
+            header = WorkHeader(f"{BATCH}-{index}", BATCH, book.content_hash, taxes.content_hash, cut.rows, cut.part)
+            text = blob[cut.part.start : cut.part.end] if cut.part else b""
+            envelope, poisoned = rate_work_items([(header, cut.payload, text)], references, [{}])
             if envelope is None or poisoned:
                 raise click.ClickException(f"work item {index} could not be rated: {poisoned}")
             messages.append(parse_results(envelope))

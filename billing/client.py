@@ -8,29 +8,23 @@ import hashlib
 import io
 import logging
 import re
-from collections.abc import AsyncIterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import BinaryIO
 
-from azure.core.exceptions import ResourceExistsError
-from azure.storage.blob.aio import ContainerClient
+from azure.core import MatchConditions
+from azure.core.exceptions import ResourceExistsError, ResourceModifiedError
+from azure.storage.blob import BlobBlock
+from azure.storage.blob.aio import BlobClient, ContainerClient
 
-from shared import telemetry
+from shared import inbox, telemetry
 from shared.errors import FileRefused, InputError
 from shared.messaging.envelope import ClaimCheck, batch_blob
 from shared.messaging.storage import Storage
 from shared.messaging.tally import Tally, tallying
 from shared.messaging.triggers import trigger_bus
-from shared.protocol import (
-    INBOX_BLOCK,
-    INBOX_CODEC_KEY,
-    BatchRequest,
-    compress_inbox_block,
-    inbox_codec,
-    request_envelope,
-)
+from shared.protocol import BatchRequest, request_envelope
 from shared.refstore import PRICEBOOK, TAXES, ReferenceStore
 from shared.rules.batchfile import detect_format, read_chunks
 from shared.rules.reference import load_price_book, load_tax_table
@@ -41,6 +35,9 @@ log = logging.getLogger(__name__)
 
 #: How much of a file ``billing submit`` reads to refuse it early (the initiator reads the rest).
 HEAD_BYTES = 1 << 20
+
+#: Frames uploaded at once.
+UPLOADS = 4
 
 #: Where the inbox marks a batch whose request went out (a batch id has no ``/``: no clash).
 REQUESTED = "requested/{}"
@@ -128,44 +125,64 @@ async def submit(
                 taxes_hash=await references.put(TAXES, taxes_bytes),
                 accepted_at=datetime.now(UTC),
             )
-            inbox = storage.container(settings.inbox_container)
-            if not await _upload(inbox, batch_id, path, fmt):
+            container = storage.container(settings.inbox_container)
+            if not await _upload(container, batch_id, path, fmt):
                 return Submission(batch_id, fmt, duplicate=True, requests=storage.counter.snapshot())
             request = dataclasses.replace(request, uploaded_at=datetime.now(UTC))
             claim_check = ClaimCheck(storage, container=settings.work_container, limit=settings.max_message_bytes)
             await claim_check.send(
                 settings.requests_queue, request_envelope(request), blob_name=batch_blob(batch_id, "request")
             )
-            await inbox.upload_blob(REQUESTED.format(batch_id), b"", overwrite=True)
+            await container.upload_blob(REQUESTED.format(batch_id), b"", overwrite=True)
             await _announce(settings, storage)
             return Submission(batch_id, fmt, duplicate=False, requests=storage.counter.snapshot())
 
 
-async def _upload(inbox: ContainerClient, batch_id: str, path: Path, fmt: str) -> bool:
-    """Upload the file to its inbox blob (compressed as the format's :func:`inbox_codec` says) unless
-    it is there; False when that batch was already submitted. An inbox blob without its
-    :data:`REQUESTED` mark is an upload whose request never went out (the submitting process died, or
-    the upload's reply was lost and the SDK's retry found the blob): this submission carries on and
-    sends it. Should two submissions of one file race, the initiator gets the request twice, which
-    at-least-once delivery makes it handle anyway."""
-    codec = inbox_codec(fmt)
+async def _upload(container: ContainerClient, batch_id: str, path: Path, fmt: str) -> bool:
+    """Upload the file to its inbox blob (a text file as :mod:`shared.inbox` frames) unless it is there;
+    False when that batch was already submitted. An inbox blob without its :data:`REQUESTED` mark is an
+    upload whose request never went out (the submitting process died, or the upload's reply was lost and
+    the SDK's retry found the blob): this submission carries on and sends it. Should two submissions of
+    one file race, the initiator gets the request twice, which at-least-once delivery makes it handle
+    anyway."""
+    codec = inbox.codec(fmt)
     metadata = {"source": path.name[:200].encode("ascii", "replace").decode(), "format": fmt}
     try:
         with path.open("rb") as file:
             if codec is None:
-                await inbox.upload_blob(batch_id, file, overwrite=False, max_concurrency=4, metadata=metadata)
+                await container.upload_blob(batch_id, file, overwrite=False, max_concurrency=4, metadata=metadata)
             else:
-                metadata[INBOX_CODEC_KEY] = codec
-                await inbox.upload_blob(batch_id, _compressed(file, codec), overwrite=False, metadata=metadata)
-    except ResourceExistsError:
-        return not await inbox.get_blob_client(REQUESTED.format(batch_id)).exists()
+                metadata[inbox.CODEC_KEY] = codec
+                frames = inbox.cut_frames(file, inbox.frame_bytes(path.stat().st_size))
+                await _upload_frames(container.get_blob_client(batch_id), frames, metadata)
+    except (ResourceExistsError, ResourceModifiedError):
+        return not await container.get_blob_client(REQUESTED.format(batch_id)).exists()
     return True
 
 
-async def _compressed(file: BinaryIO, codec: str) -> AsyncIterator[bytes]:
-    """The file as compressed frames, read and compressed off the event loop while blocks upload."""
-    while block := await asyncio.to_thread(file.read, INBOX_BLOCK):
-        yield await asyncio.to_thread(compress_inbox_block, block, codec)
+async def _upload_frames(blob: BlobClient, frames: Iterator[bytes], metadata: dict[str, str]) -> None:
+    """Stage each frame as a block (read and compressed off the event loop while others upload, a few at
+    once), then commit them unless the blob exists."""
+    ids: list[str] = []
+    slots = asyncio.Semaphore(UPLOADS)
+
+    async def stage(block_id: str, data: bytes) -> None:
+        try:
+            await blob.stage_block(block_id, data)
+        finally:
+            slots.release()
+
+    async with asyncio.TaskGroup() as staging:
+        while (frame := await asyncio.to_thread(next, frames, None)) is not None:
+            ids.append(inbox.block_id(len(ids), len(frame)))
+            data = await asyncio.to_thread(inbox.compress, frame)
+            await slots.acquire()
+            staging.create_task(stage(ids[-1], data))
+    await blob.commit_block_list(
+        [BlobBlock(block_id) for block_id in ids],
+        metadata=metadata,
+        match_condition=MatchConditions.IfMissing,
+    )
 
 
 async def _announce(settings: Settings, storage: Storage) -> None:

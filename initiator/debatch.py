@@ -1,84 +1,176 @@
-"""Debatching: cut a batch file's rows, as read, into work items as they stream in.
+"""Debatching: cut a batch file into work items as it streams in, doing only what needs the whole batch.
 
-Only what needs the whole batch is done here: reading the file (a file that cannot be read is refused
-whole) and telling, in one pass over the transaction ids, which rows repeat an earlier row's id
-(:class:`~shared.rules.duplicates.FirstOccurrences`). Validation and rating are the processors', so they
-scale out with them. This part is synchronous CPU work (run it in a thread). Work items are yielded as
-soon as they are cut, so they are rated while the rest of the file is still arriving. Whether the whole
-file can be read is known only at its end: a :class:`~shared.errors.FileRefused` then refuses the batch,
-and the controller leaves nothing of it counted, whatever was already sent.
+That is reading the file (a file that cannot be read is refused whole) and telling, in one pass over the
+transaction ids, which rows repeat an earlier row's id (:class:`~shared.rules.duplicates.FirstOccurrences`).
+Validation and rating are the processors', so that they scale out with them. A text file's work item is a
+run of whole frames of its inbox blob (:class:`~shared.inbox.Part`), which the processor reads itself:
+nothing of its rows goes through the initiator's messages but the repeated ids. A Parquet file's work items
+carry their rows as read.
+
+This part is synchronous CPU work (run it in a thread). Work items are yielded as soon as they are cut, so
+they are rated while the rest of the file is still arriving. Whether the whole file can be read is known only
+at its end: a :class:`~shared.errors.FileRefused` then refuses the batch, and the controller leaves nothing
+of it counted, whatever was already sent.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import codecs
+import csv
+import io
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
 from typing import BinaryIO
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from shared.errors import FileRefused
+from shared.inbox import Frame, Part
 from shared.protocol import encode_table
 from shared.rules.batchfile import read_chunks
 from shared.rules.duplicates import FirstOccurrences
 
-#: Rows go out grouped by account and product within windows of the file, so that each work item covers
-#: few aggregate keys: fewer partial aggregates to rate, send and fold. Measured on a sample 1M-row file:
-#: 911,000 partial rows in file order, 475,000 sorted by chunk of 50,000 rows, 194,000 grouped by window
-#: of 200,000. The first window is the first chunk, so rating starts as soon; each next one is twice the
-#: last, up to ``WINDOW_ROWS`` (~30 MB of rows as read held).
-WINDOW_ROWS = 200_000
+#: What a CSV reader says of a part that ends inside a record (a quoted line break across frames), or
+#: before the header record ends: with more of the file to come, the part goes on with the next frame.
+_UNFINISHED = ("unexpected end of data", "CSV has no header row")
+#: The repeated rows of a part (``row``, ``repeat_of``): a text work item's payload.
+REPEATS_SCHEMA = pa.schema([("row", pa.int64()), ("repeat_of", pa.int64())])
+
+
+@dataclass(frozen=True)
+class Cut:
+    """A work item: its rows, its part of the inbox blob (None: the rows are in the payload), its payload."""
+
+    rows: int
+    part: Part | None
+    payload: bytes
 
 
 class Debatch:
-    """Cuts one batch file into encoded work items of at most ``work_item_size`` rows.
-
-    A work item holds its rows as read (:func:`~shared.rules.batchfile.read_chunks`' columns, raw text
-    included) and ``repeat_of``: the row of the id's first occurrence where the row repeats an id, else 0.
-    The counts are final once :meth:`items` is exhausted.
-    """
+    """Cuts one batch file into work items of at least ``work_item_size`` rows (text: whole frames; the last
+    item may be smaller) or at most that many (Parquet). The counts are final once the items are exhausted."""
 
     def __init__(self, *, work_item_size: int) -> None:
         self._work_item_size = work_item_size
+        self._first = FirstOccurrences()
         self.rows = self.work_items = 0
 
-    def items(self, source: BinaryIO, fmt: str) -> Iterator[tuple[int, bytes]]:
-        """Yield ``(rows, encoded rows)`` per work item, window after window of the file."""
-        first = FirstOccurrences()
-        window: list[pa.Table] = []
-        window_rows, limit = 0, 1
-        for chunk in read_chunks(source, fmt):
+    def parts(self, blob: str, fmt: str, frames: Iterable[tuple[Frame, bytes]]) -> Iterator[Cut]:
+        """Work items of a text file, from its frames in order (each with its bytes decompressed).
+
+        Frames are read in parts that end where a record ends: a frame after which a quoted line break or
+        the header goes on (or that does not end a line) is read together with the next one. A part reads
+        as that part of the whole file would (:func:`~shared.rules.batchfile.read_chunks`), a CSV part
+        after the first with the file's header lines put before it."""
+        head = b""  # a CSV file's lines up to its header's end
+        lines = 0  # physical lines of the file before the frames still pending
+        item: _Item | None = None
+        pending: list[tuple[Frame, bytes]] = []
+        for frame, data in frames:
+            pending.append((frame, data))
+            if not data.endswith(b"\n"):
+                continue
+            text = b"".join(data for _, data in pending)
+            start = head if lines else b""  # the file's first part holds its header
+            try:
+                rows, repeats = self._read(text, fmt, start, lines)
+            except FileRefused as exc:
+                if fmt == "csv" and any(reason in str(exc) for reason in _UNFINISHED):
+                    continue  # more of the record (or header) is in the next frame
+                raise
+            if fmt == "csv" and not lines:
+                head = _csv_head(text)
+            item = item or _Item(start, self.rows, lines - _line_count(start))
+            item.add([frame for frame, _ in pending], rows, repeats)
+            self.rows += rows
+            lines += _line_count(text)
+            pending = []
+            if item.rows >= self._work_item_size:
+                yield self._cut(blob, fmt, item)
+                item = None
+        if pending:  # the file's end, not after a line: that is where its last record ends, or it is refused
+            text = b"".join(data for _, data in pending)
+            start = head if lines else b""
+            rows, repeats = self._read(text, fmt, start, lines)
+            item = item or _Item(start, self.rows, lines - _line_count(start))
+            item.add([frame for frame, _ in pending], rows, repeats)
+            self.rows += rows
+        if item is not None and item.rows:
+            yield self._cut(blob, fmt, item)
+
+    def _read(self, text: bytes, fmt: str, head: bytes, lines: int) -> tuple[int, list[pa.Table]]:
+        """Read a part (``head`` put before it, ``lines`` of the file before it): its rows, and those that
+        repeat an id (``REPEATS_SCHEMA``). The ids are remembered only once the whole part is read."""
+        chunks = list(
+            read_chunks(io.BytesIO(head + text), fmt, rows_before=self.rows, lines_before=lines - _line_count(head))
+        )
+        repeats = []
+        for chunk in chunks:
+            repeat_of = self._repeat_of(chunk)
+            hit = repeat_of > 0
+            if hit.any():
+                rows = chunk.column("row").to_numpy()[hit]
+                repeats.append(pa.table([pa.array(rows), pa.array(repeat_of[hit])], schema=REPEATS_SCHEMA))
+        return sum(chunk.num_rows for chunk in chunks), repeats
+
+    def _cut(self, blob: str, fmt: str, item: _Item) -> Cut:
+        self.work_items += 1
+        first, last = item.frames[0], item.frames[-1]
+        part = Part(
+            blob=blob,
+            fmt=fmt,
+            start=first.start,
+            end=last.start + last.length,
+            size=sum(frame.size for frame in item.frames),
+            head=item.head.decode(),
+            rows_before=item.rows_before,
+            lines_before=item.lines_before,
+        )
+        repeats = pa.concat_tables(item.repeats) if item.repeats else REPEATS_SCHEMA.empty_table()
+        return Cut(item.rows, part, encode_table(repeats))
+
+    def tables(self, source: BinaryIO, fmt: str) -> Iterator[Cut]:
+        """Work items of a file read whole (Parquet): its rows as read, ``repeat_of`` added."""
+        for chunk in read_chunks(source, fmt, chunk_rows=self._work_item_size):
             self.rows += chunk.num_rows
-            ids = pc.utf8_trim_whitespace(chunk.column("transaction_id").combine_chunks())
-            repeat_of = first.repeat_of(ids, chunk.column("row").to_numpy())
-            window.append(chunk.append_column("repeat_of", pa.array(repeat_of)))
-            window_rows += chunk.num_rows
-            if window_rows >= limit:
-                yield from self._cut(window)
-                window, window_rows, limit = [], 0, min(2 * window_rows, WINDOW_ROWS)
-        if window_rows:
-            yield from self._cut(window)
-
-    def _cut(self, window: list[pa.Table]) -> Iterator[tuple[int, bytes]]:
-        """The window's rows grouped by account and product as work items (the window emptied: its rows
-        are held once or twice at a time, never three times)."""
-        table = pa.concat_tables(window).combine_chunks()
-        window.clear()
-        table = table.take(_grouped(table))
-        start = 0
-        while start < table.num_rows:
-            item = table.slice(start, self._work_item_size)
-            start += item.num_rows
             self.work_items += 1
-            yield item.num_rows, encode_table(item.combine_chunks())
+            table = chunk.append_column("repeat_of", pa.array(self._repeat_of(chunk)))
+            yield Cut(chunk.num_rows, None, encode_table(table))
+
+    def _repeat_of(self, chunk: pa.Table) -> np.ndarray:
+        ids = pc.utf8_trim_whitespace(chunk.column("transaction_id").combine_chunks())
+        return self._first.repeat_of(ids, chunk.column("row").to_numpy())
 
 
-def _grouped(table: pa.Table) -> np.ndarray:
-    """An order of ``table``'s rows by account and product as read, each in order of first appearance (a
-    sort of integers, several times faster than of the strings), then file order."""
-    account, product = (
-        pc.dictionary_encode(table.column(name).chunk(0), null_encoding="encode") for name in ("account_id", "product")
-    )
-    key = account.indices.to_numpy().astype(np.int64) * len(product.dictionary) + product.indices.to_numpy()
-    order: np.ndarray = np.argsort(key, kind="stable")
-    return order
+@dataclass
+class _Item:
+    """A text work item being cut: what its part starts with, the rows and lines before it (those of
+    ``head`` left out), its frames, rows and repeated rows so far."""
+
+    head: bytes
+    rows_before: int
+    lines_before: int
+    frames: list[Frame] = field(default_factory=list)
+    rows: int = 0
+    repeats: list[pa.Table] = field(default_factory=list)
+
+    def add(self, frames: list[Frame], rows: int, repeats: list[pa.Table]) -> None:
+        self.frames += frames
+        self.rows += rows
+        self.repeats += repeats
+
+
+def _csv_head(text: bytes) -> bytes:
+    """A CSV file's lines up to the end of its header record, from the start of the file (its BOM left out)."""
+    body = text.removeprefix(codecs.BOM_UTF8)
+    reader = csv.reader(io.StringIO(body.decode(), newline=""), strict=True)
+    next(cells for cells in reader if cells)
+    return b"".join(body.splitlines(keepends=True)[: reader.line_num])
+
+
+def _line_count(text: bytes) -> int:
+    """Physical lines ended in ``text``, as csv counts them (``\\n``, ``\\r\\n`` or ``\\r``)."""
+    lines = text.count(b"\n")
+    return lines + text.count(b"\r") - text.count(b"\r\n") if b"\r" in text else lines

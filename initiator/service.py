@@ -14,34 +14,24 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import BinaryIO
 
 from azure.core.exceptions import ResourceNotFoundError
 from azure.storage.queue import QueueMessage
 from opentelemetry.trace import SpanKind, StatusCode
 
-from shared import telemetry
+from shared import inbox, telemetry
 from shared.errors import InputError, PoisonMessage
 from shared.messaging.envelope import ClaimCheck, batch_blob
 from shared.messaging.poison import PoisonQueue
 from shared.messaging.service import Service
 from shared.messaging.storage import Storage
 from shared.messaging.triggers import TriggerBus
-from shared.protocol import (
-    INBOX_CODEC_KEY,
-    BatchRequest,
-    Manifest,
-    WorkHeader,
-    inbox_reader,
-    manifest_envelope,
-    parse_request,
-    work_envelope,
-)
+from shared.protocol import BatchRequest, Manifest, WorkHeader, manifest_envelope, parse_request, work_envelope
 from shared.refstore import PRICEBOOK, TAXES, ReferenceStore
 from shared.rules.reference import load_price_book, load_tax_table
 from shared.settings import Settings
 
-from .debatch import Debatch
+from .debatch import Cut, Debatch
 from .pipe import BlockPipe
 
 log = logging.getLogger(__name__)
@@ -131,8 +121,8 @@ class Initiator(Service):
             load_price_book(await self.references.get(PRICEBOOK, request.pricebook_hash))
             load_tax_table(await self.references.get(TAXES, request.taxes_hash))
             debatch = Debatch(work_item_size=self.settings.work_item_size)
-            async with self._inbox_file(request) as source:
-                await self._enqueue(request, debatch.items(source, request.fmt), phases)
+            async with self._cuts(request, debatch) as cuts:
+                await self._enqueue(request, cuts, phases)
         except InputError as exc:
             if isinstance(exc, PoisonMessage) and exc.reason != "unknown_reference_data":
                 raise
@@ -141,11 +131,15 @@ class Initiator(Service):
         return await self._report(request, debatch, phases)
 
     @asynccontextmanager
-    async def _inbox_file(self, request: BatchRequest) -> AsyncIterator[BinaryIO]:
-        """The submitted file as a blocking stream that fills (and decompresses) while it downloads
-        (a Parquet file, read from its footer, is downloaded whole to a scratch file first)."""
+    async def _cuts(self, request: BatchRequest, debatch: Debatch) -> AsyncIterator[Iterator[Cut]]:
+        """The submitted file's work items as they are cut: a text file's from its frames as they download
+        (and decompress); a Parquet file's once it is downloaded whole to a scratch file (it is read from its
+        footer)."""
+        blob = self.storage.container(self.settings.inbox_container).get_blob_client(request.blob_name)
         try:
-            download = await self.storage.container(self.settings.inbox_container).download_blob(request.blob_name)
+            if request.fmt != "parquet":
+                committed, _ = await blob.get_block_list("committed")
+            download = await blob.download_blob()
         except ResourceNotFoundError as exc:
             raise PoisonMessage("missing_batch_file", f"inbox blob {request.blob_name} not found") from exc
         if request.fmt == "parquet":
@@ -153,20 +147,23 @@ class Initiator(Service):
                 async for block in download.chunks():
                     scratch.write(block)
                 scratch.seek(0)
-                yield scratch
+                yield debatch.tables(scratch, request.fmt)
             return
+        if download.properties.metadata.get(inbox.CODEC_KEY) != inbox.CODEC:
+            raise PoisonMessage("bad_batch_file", f"inbox blob {request.blob_name} is not in {inbox.CODEC} frames")
+        frames = inbox.frame_index((block.id, block.size) for block in committed)
         pipe = BlockPipe()
         feeding = asyncio.create_task(pipe.feed(download.chunks()))
-        codec = download.properties.metadata.get(INBOX_CODEC_KEY)
         try:
-            yield inbox_reader(io.BufferedReader(pipe, buffer_size=1 << 20), codec)
+            stream = io.BufferedReader(pipe, buffer_size=1 << 20)
+            yield debatch.parts(request.blob_name, request.fmt, inbox.read_frames(stream, frames))
         finally:
             pipe.close()
             feeding.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await feeding
 
-    async def _enqueue(self, request: BatchRequest, items: Iterator[tuple[int, bytes]], phases: _Phases) -> None:
+    async def _enqueue(self, request: BatchRequest, cuts: Iterator[Cut], phases: _Phases) -> None:
         """Send work items as they are cut (cut in a thread), round-robin over the input queues, a
         bounded number at once; announce each queue's first item at once, then the totals."""
         queues = self.settings.input_queues
@@ -175,25 +172,25 @@ class Initiator(Service):
         async with asyncio.TaskGroup() as sends:
             for seq in itertools.count():
                 try:
-                    item = await asyncio.get_running_loop().run_in_executor(self._cutter, next, items, None)
+                    cut = await asyncio.get_running_loop().run_in_executor(self._cutter, next, cuts, None)
                 except Exception as exc:
                     stopped = exc
                     break
-                if item is None:
+                if cut is None:
                     break
-                rows, encoded = item
                 header = WorkHeader(
                     work_item_id=f"{request.batch_id}:{seq:07d}",
                     batch_id=request.batch_id,
                     pricebook_hash=request.pricebook_hash,
                     taxes_hash=request.taxes_hash,
-                    rows=rows,
+                    rows=cut.rows,
+                    part=cut.part,
                 )
                 queue = queues[seq % len(queues)]
                 counts[queue][0] += 1
-                counts[queue][1] += rows
+                counts[queue][1] += cut.rows
                 await self._sends.acquire()
-                sends.create_task(self._send(queue, header, encoded, phases, first=seq < len(queues)))
+                sends.create_task(self._send(queue, header, cut.payload, phases, first=seq < len(queues)))
         if stopped is not None:
             raise stopped
         phases.debatched_at = datetime.now(UTC)

@@ -64,19 +64,20 @@ def _tax_table(data: bytes) -> TaxTable:
 
 
 def rate_work_items(
-    items: list[tuple[WorkHeader, bytes]], references: dict[str, bytes], traces: list[dict[str, str]]
+    items: list[tuple[WorkHeader, bytes, bytes]], references: dict[str, bytes], traces: list[dict[str, str]]
 ) -> tuple[Envelope | None, dict[int, str]]:
-    """Rate a dequeued batch of work items into one coalesced results envelope.
+    """Read, validate and rate a dequeued batch of work items into one coalesced results envelope.
 
-    ``references`` maps content hashes to price book / tax table bytes; ``traces`` are the items'
+    ``items`` are each work item's header, payload and bytes of its part of the inbox blob (if it names
+    one); ``references`` maps content hashes to price book / tax table bytes; ``traces`` are the items'
     trace contexts (of their rating spans), by position, for their results to carry. Returns the
     envelope (None if nothing could be rated) and, by position, the items that are poison with why.
     """
     results: list[WorkItemResult] = []
     poisoned: dict[int, str] = {}
-    for index, (header, encoded) in enumerate(items):
+    for index, (header, encoded, text) in enumerate(items):
         try:
-            rows = decode_work(header, encoded)
+            rows = decode_work(header, encoded, text)
             price_book = _price_book(references[header.pricebook_hash])
             tax_table = _tax_table(references[header.taxes_hash])
             result = rate_rows(header, rows, price_book, tax_table)

@@ -8,6 +8,7 @@ import uuid
 from collections.abc import Mapping
 from concurrent.futures.process import BrokenProcessPool
 
+from azure.core.exceptions import ResourceNotFoundError
 from azure.storage.queue import QueueMessage
 from opentelemetry.trace import Span, SpanKind, StatusCode
 
@@ -48,7 +49,7 @@ class Processor(Service):
     async def handle(self, messages: list[QueueMessage]) -> Mapping[str, str]:
         """Rate one dequeued batch; send its results; the listener then deletes the inputs."""
         poisoned: dict[str, str] = {}
-        items: list[tuple[WorkHeader, bytes]] = []
+        items: list[tuple[WorkHeader, bytes, bytes]] = []
         rated: list[QueueMessage] = []
         spans: list[Span] = []  # one per work item, in its batch's trace
         references: dict[str, bytes] = {}
@@ -58,10 +59,11 @@ class Processor(Service):
                 header = parse_work_header(envelope)
                 references[header.pricebook_hash] = await self.references.get(PRICEBOOK, header.pricebook_hash)
                 references[header.taxes_hash] = await self.references.get(TAXES, header.taxes_hash)
+                text = await self._read_part(header)
             except PoisonMessage as exc:
                 poisoned[message.id] = str(exc)
                 continue
-            items.append((header, envelope.payload))
+            items.append((header, envelope.payload, text))
             rated.append(message)
             spans.append(_rating_span(header, envelope))
         if not items:
@@ -76,12 +78,28 @@ class Processor(Service):
                 # Named after the first item's batch: the blob is spent once that batch is complete.
                 blob_name = batch_blob(items[0][0].batch_id, "results", uuid.uuid4().hex)
                 await self.claim_check.send(self.settings.results_queue, results, blob_name=blob_name)
-                await self.announce({self.settings.results_queue: (1, sum(header.rows for header, _ in items))})
+                await self.announce({self.settings.results_queue: (1, sum(header.rows for header, *_ in items))})
         # The results are enqueued: from here the inputs may be deleted.
         return poisoned
 
+    async def _read_part(self, header: WorkHeader) -> bytes:
+        """The bytes of the inbox blob that a work item's part names, in one ranged read (none without a part)."""
+        part = header.part
+        if part is None:
+            return b""
+        container = self.storage.container(self.settings.inbox_container)
+        try:
+            download = await container.download_blob(part.blob, offset=part.start, length=part.end - part.start)
+            data: bytes = await download.readall()
+        except ResourceNotFoundError as exc:
+            raise PoisonMessage("missing_batch_file", f"inbox blob {part.blob} not found") from exc
+        return data
+
     async def _rate(
-        self, items: list[tuple[WorkHeader, bytes]], references: dict[str, bytes], traces: list[dict[str, str]]
+        self,
+        items: list[tuple[WorkHeader, bytes, bytes]],
+        references: dict[str, bytes],
+        traces: list[dict[str, str]],
     ) -> tuple[Envelope | None, dict[int, str]]:
         """Rate in a worker process. A pool that lost a worker (killed, out of memory) is broken for
         good: it is replaced by a new one and the work tried once more there; should that break too,

@@ -12,15 +12,18 @@ import logging
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, BinaryIO, TypeVar
+from typing import Any, TypeVar
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from .errors import PoisonMessage
+from .errors import FileRefused, PoisonMessage
+from .inbox import Part
 from .messaging.envelope import ClaimCheck, Envelope
 from .messaging.poison import OnPoisoned
+from .rules.batchfile import CHUNK_SCHEMA, read_chunks
 from .rules.schemas import HELD_SCHEMA, PARTIAL_SCHEMA, REJECT_SCHEMA
 
 REQUEST, WORK, RESULTS, MANIFEST, POISONED = "request", "work", "results", "manifest", "poisoned"
@@ -55,33 +58,6 @@ def decode_table(data: bytes | memoryview, *, metadata: bool = False) -> pa.Tabl
     except (pa.ArrowException, OSError) as exc:
         raise ValueError(f"encoded table is damaged: {exc}") from exc
     return table if metadata else table.replace_schema_metadata(None)
-
-
-#: Text batch files (CSV, JSON Lines) lie in the inbox as zstd frames, one per ``INBOX_BLOCK`` bytes
-#: of the file: a quarter of the bytes to upload, store and download, cut and read as a stream. The
-#: blob's metadata names the codec (``INBOX_CODEC_KEY``); Parquet is compressed already and goes as is.
-INBOX_CODEC = "zstd"
-INBOX_CODEC_KEY = "codec"
-INBOX_BLOCK = 4 << 20
-
-
-def inbox_codec(fmt: str) -> str | None:
-    """The codec a batch file of format ``fmt`` is stored with in the inbox (None: as it is)."""
-    return None if fmt == "parquet" else INBOX_CODEC
-
-
-def compress_inbox_block(block: bytes, codec: str) -> bytes:
-    """One block of a file as a frame of its own (frames concatenate into one stream)."""
-    compressed: bytes = pa.Codec(codec).compress(block, asbytes=True)
-    return compressed
-
-
-def inbox_reader(stream: BinaryIO, codec: str | None) -> BinaryIO:
-    """The file's own bytes from its inbox blob's ``stream``, decompressed as they are read."""
-    if codec is None:
-        return stream
-    decompressed = pa.CompressedInputStream(pa.PythonFile(stream, mode="r"), codec)
-    return io.BufferedReader(decompressed, buffer_size=1 << 20)
 
 
 @dataclass(frozen=True)
@@ -146,13 +122,16 @@ class BatchRequest:
 
 @dataclass(frozen=True)
 class WorkHeader:
-    """Names a work item; its payload is its encoded rows as read (see :mod:`initiator.debatch`)."""
+    """Names a work item and where its rows are: a part of the batch's text file in the inbox, its payload
+    then the rows there whose transaction id repeats an earlier row's (``row``, ``repeat_of``); or, without
+    a part, the rows as read in its payload (see :mod:`initiator.debatch`)."""
 
     work_item_id: str
     batch_id: str
     pricebook_hash: str
     taxes_hash: str
     rows: int
+    part: Part | None = None
 
 
 def request_envelope(request: BatchRequest) -> Envelope:
@@ -164,17 +143,34 @@ def parse_request(envelope: Envelope) -> BatchRequest:
 
 
 def work_envelope(header: WorkHeader, encoded: bytes) -> Envelope:
-    """A work item; ``encoded`` is :func:`encode_table` of its rows."""
-    return Envelope(WORK, dict(header.__dict__), encoded)
+    """A work item; ``encoded`` is :func:`encode_table` of its payload."""
+    fields = {**header.__dict__, "part": header.part and header.part.to_json()}
+    return Envelope(WORK, {name: value for name, value in fields.items() if value is not None}, encoded)
 
 
 def parse_work_header(envelope: Envelope) -> WorkHeader:
-    return _build(WorkHeader, _expect(envelope, WORK))
+    fields = _expect(envelope, WORK)
+    part = fields.get("part")
+    return _build(WorkHeader, {**fields, "part": None if part is None else Part.from_json(part)})
 
 
-def decode_work(header: WorkHeader, encoded: bytes) -> pa.Table:
-    """The rows of a work item (with the metadata their raw text is made from), checked against its header."""
-    table = _decode(encoded, metadata=True)
+def decode_work(header: WorkHeader, encoded: bytes, text: bytes = b"") -> pa.Table:
+    """A work item's rows as read (with the metadata their raw text is made from) and ``repeat_of``, checked
+    against its header; ``text`` is its part's bytes of the inbox blob, if it names one."""
+    payload = _decode(encoded, metadata=header.part is None)
+    if header.part is None:
+        table = payload
+    else:
+        part = header.part
+        try:
+            source = io.BytesIO(part.text(text))
+            read = list(read_chunks(source, part.fmt, rows_before=part.rows_before, lines_before=part.lines_before))
+            table = pa.concat_tables(read) if read else CHUNK_SCHEMA.empty_table()
+            repeat_of = np.zeros(table.num_rows, np.int64)
+            repeat_of[payload["row"].to_numpy() - part.rows_before - 1] = payload["repeat_of"].to_numpy()
+        except (FileRefused, ValueError, IndexError, KeyError) as exc:
+            raise PoisonMessage("bad_work_item", f"{header.work_item_id}: {exc}") from exc
+        table = table.append_column("repeat_of", pa.array(repeat_of))
     if table.num_rows != header.rows:
         raise PoisonMessage("bad_work_item", f"{header.work_item_id}: row count does not match its header")
     return table

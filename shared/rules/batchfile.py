@@ -92,6 +92,8 @@ def read_chunks(
     max_row_bytes: int = 64 * 1024,
     csv_fast: bool = True,
     csv_block_bytes: int = 1 << 20,
+    rows_before: int = 0,
+    lines_before: int = 0,
 ) -> Iterator[pa.Table]:
     """Yield the rows of a batch file as tables of at most ``chunk_rows`` rows: ``CHUNK_SCHEMA``'s
     columns, then what :func:`raw_texts` makes the rows' raw text of.
@@ -100,15 +102,24 @@ def read_chunks(
     when the file cannot be read (possibly after earlier chunks were yielded). A CSV file is read in
     blocks of about ``csv_block_bytes``; ``csv_fast=False`` reads it with Python's csv module alone
     (the same tables and refusals, slower).
+
+    A part of a text file cut where a record ends (:mod:`shared.inbox`) reads as that part of the whole
+    file, given the data rows and physical lines before it (``rows_before``, ``lines_before``; a CSV part
+    starts with the file's header, whose lines ``lines_before`` leaves out): row numbers and refusals
+    then count from the start of the file.
     """
     if fmt not in FORMATS:
         raise ValueError(f"unknown batch format {fmt!r}; expected one of {', '.join(FORMATS)}")
     if chunk_rows < 1:
         raise ValueError("chunk_rows must be positive")
     if fmt == "csv":
-        return _read_csv(source, chunk_rows, max_row_bytes, fast=csv_fast, block_bytes=csv_block_bytes)
+        return _CsvReader(
+            source, chunk_rows, max_row_bytes, csv_fast, csv_block_bytes, rows_before, lines_before
+        ).chunks()
     if fmt == "jsonl":
-        return _read_jsonl(source, chunk_rows, max_row_bytes)
+        return _read_jsonl(source, chunk_rows, max_row_bytes, rows_before, lines_before)
+    if rows_before or lines_before:
+        raise ValueError("a Parquet file is read whole")
     return _read_parquet(source, chunk_rows)
 
 
@@ -125,18 +136,31 @@ class _BadByte(Exception):
 
 
 class _CsvReader:
-    """The data rows of one CSV file as chunks (see :func:`_read_csv`)."""
+    """The data rows of one CSV file as chunks: runs of whole lines without quote or carriage return parsed
+    by pyarrow (C++) where that gives exactly what Python's csv module gives, the rest by that module, with
+    the same rows, raw text and refusals either way; ``fast=False``: the csv module alone."""
 
-    def __init__(self, source: BinaryIO, chunk_rows: int, max_row_bytes: int, fast: bool, block_bytes: int) -> None:
-        self._text = _CsvText(source, block_bytes)
+    def __init__(
+        self,
+        source: BinaryIO,
+        chunk_rows: int,
+        max_row_bytes: int,
+        fast: bool,
+        block_bytes: int,
+        rows_before: int = 0,
+        lines_before: int = 0,
+    ) -> None:
+        if csv.field_size_limit() < max_row_bytes:
+            csv.field_size_limit(max_row_bytes)
+        self._text = _CsvText(source, block_bytes, lines_before)
         self._chunk_rows = chunk_rows
         self._max_row_bytes = max_row_bytes
         self._fast = fast
         self._names: list[str] = []  # each header name once, in order
         self._positions: list[int] = []  # the column of each name's first occurrence
         self._width = 0
-        self._rows = 0  # data rows read
-        self._done = 0  # data rows yielded
+        self._rows = rows_before  # data rows read
+        self._done = rows_before  # data rows yielded
         self._pending: list[pa.Table] = []  # rows read, not yet yielded
 
     def chunks(self) -> Iterator[pa.Table]:
@@ -270,13 +294,13 @@ class _CsvText:
 
     A block that is not UTF-8 raises :class:`_BadByte` naming the line of its first bad byte."""
 
-    def __init__(self, source: BinaryIO, block_bytes: int) -> None:
+    def __init__(self, source: BinaryIO, block_bytes: int, lines_before: int = 0) -> None:
         self._blocks = _line_blocks(source, block_bytes)
         self._first = True
         self._text = ""  # the current block
         self._pos = 0  # in ``_text``, at the start of a line
-        self._lines_before = 0  # lines before the current block
-        self._lines_after = 0  # lines before the next one
+        self._lines_before = lines_before  # lines before the current block
+        self._lines_after = lines_before  # lines before the next one
         self._piece: io.StringIO = io.StringIO()  # what :meth:`lines` reads from
         self._piece_at = 0  # where ``_piece`` starts in ``_text``
         # In characters, as parts of a block: text handed to csv at a time; after a quote, a run
@@ -379,17 +403,6 @@ def _line_count(text: str) -> int:
     return lines + text.count("\r") - text.count("\r\n") if "\r" in text else lines
 
 
-def _read_csv(
-    source: BinaryIO, chunk_rows: int, max_row_bytes: int, *, fast: bool = True, block_bytes: int = 1 << 20
-) -> Iterator[pa.Table]:
-    """CSV rows: runs of whole lines without quote or carriage return parsed by pyarrow (C++) where
-    that gives exactly what Python's csv module gives, the rest by that module, with the same rows,
-    ``raw`` text and refusals either way. ``fast=False``: the csv module alone."""
-    if csv.field_size_limit() < max_row_bytes:
-        csv.field_size_limit(max_row_bytes)
-    return _CsvReader(source, chunk_rows, max_row_bytes, fast, block_bytes).chunks()
-
-
 def _ragged_columns(
     flat: list[str], ends: list[int], width: int, max_row_bytes: int
 ) -> tuple[list[list[str | None]], int | None]:
@@ -427,11 +440,13 @@ def _value_bytes(arrays: list[pa.Array]) -> np.ndarray:
 # --- JSON Lines ------------------------------------------------------------------------------------
 
 
-def _read_jsonl(source: BinaryIO, chunk_rows: int, max_row_bytes: int) -> Iterator[pa.Table]:
+def _read_jsonl(
+    source: BinaryIO, chunk_rows: int, max_row_bytes: int, rows_before: int, lines_before: int
+) -> Iterator[pa.Table]:
     columns: dict[str, list[str | None]] = {name: [] for name in RAW_COLUMNS}
     raws: list[str] = []
-    done = 0
-    line_no = 0
+    done = rows_before
+    line_no = lines_before
     while True:
         line = source.readline(max_row_bytes + 1)
         if not line:

@@ -25,6 +25,8 @@ from ..errors import FileRefused
 _HASH_KEYS = ("billing-txid-h1.", "billing-txid-h2.")
 #: Rows are remembered as uint32: a batch file of more data rows is refused.
 MAX_ROWS = np.iinfo(np.uint32).max
+#: The filter in front of the remembered ids (16 MiB).
+FILTER_BITS = 1 << 27
 
 
 class FirstOccurrences:
@@ -33,15 +35,17 @@ class FirstOccurrences:
     Each id is remembered as 96 bits of two keyed SipHashes (a uint64 and a uint32 array, sorted by the
     first) and its first row (uint32): 16 bytes per id whatever its length, so 10 million ids take 160 MB.
     Ids are kept in sorted runs of ``run_ids``; a new chunk is merged into the open run only, so merging
-    never copies more than one run. Within one chunk ids are compared exactly; a false repeat across
-    chunks needs two distinct ids with equal 96-bit hashes (about n²/2^97, 10^-15 for 10 million ids:
-    never in practice).
+    never copies more than one run. A filter of ``FILTER_BITS`` bits (one set per id, by the top bits of its
+    hash) spares the search of the runs for almost every new id: 99 % of them at a million ids, 93 % at ten
+    million. Within one chunk ids are compared exactly; a false repeat across chunks needs two distinct
+    ids with equal 96-bit hashes (about n²/2^97, 10^-15 for 10 million ids: never in practice).
     """
 
-    def __init__(self, *, run_ids: int = 1 << 20) -> None:
+    def __init__(self, *, run_ids: int = 1 << 17) -> None:
         self._run_ids = run_ids
         self._sealed: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
         self._open = _empty_run()
+        self._filter = np.zeros(FILTER_BITS // 8, dtype=np.uint8)
 
     def __len__(self) -> int:
         return sum(len(h1) for h1, _, _ in (*self._sealed, self._open))
@@ -89,6 +93,15 @@ class FirstOccurrences:
         """The first row of each hashed id seen before, else 0 (``h1`` sorted: the searches then walk the
         runs in order, four times faster)."""
         found = np.zeros(len(h1), dtype=np.int64)
+        byte, bit = _filter_position(h1)
+        maybe = np.flatnonzero((self._filter[byte] >> bit) & 1)
+        if len(maybe):
+            found[maybe] = self._search(h1[maybe], h2[maybe])
+        return found
+
+    def _search(self, h1: np.ndarray, h2: np.ndarray) -> np.ndarray:
+        """:meth:`_first_rows` of ids the filter does not rule out, searched in every run."""
+        found = np.zeros(len(h1), dtype=np.int64)
         for run1, run2, run_rows in (*self._sealed, self._open):
             left = np.searchsorted(run1, h1, side="left")
             right = np.searchsorted(run1, h1, side="right")
@@ -102,7 +115,12 @@ class FirstOccurrences:
         return found
 
     def _add(self, h1: np.ndarray, h2: np.ndarray, rows: np.ndarray) -> None:
-        """Remember new hashed ids, given sorted by ``h1``: one linear merge into the open run."""
+        """Remember new hashed ids, given sorted by ``h1``: their filter bits set, one linear merge into the
+        open run."""
+        byte, bit = _filter_position(h1)  # sorted too: the bits of one byte are ORed together first
+        if len(byte):
+            starts = np.flatnonzero(np.r_[True, byte[1:] != byte[:-1]])
+            self._filter[byte[starts]] |= np.bitwise_or.reduceat(np.left_shift(1, bit, dtype=np.uint8), starts)
         at = np.searchsorted(self._open[0], h1) + np.arange(len(h1))
         new = np.zeros(len(self._open[0]) + len(h1), dtype=bool)
         new[at] = True
@@ -113,6 +131,12 @@ class FirstOccurrences:
         if len(merged[0]) >= self._run_ids:
             self._sealed.append(merged)
             self._open = _empty_run()
+
+
+def _filter_position(h1: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Where each hash's bit lies in the filter: its byte, and the bit in it."""
+    slot = h1 >> np.uint64(64 - FILTER_BITS.bit_length() + 1)
+    return (slot >> np.uint64(3)).astype(np.intp), (slot & np.uint64(7)).astype(np.uint8)
 
 
 def _empty_run(size: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

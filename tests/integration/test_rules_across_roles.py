@@ -5,6 +5,7 @@ with repeated ids spread over work items whose first occurrences are valid or no
 
 from __future__ import annotations
 
+import io
 import random
 from decimal import Decimal
 from pathlib import Path
@@ -15,6 +16,7 @@ from controller import reports
 from controller.store import Store
 from initiator.debatch import Debatch
 from processor.jobs import rate_work_items
+from shared import inbox
 from shared.protocol import Manifest, WorkHeader, WorkItemResult, parse_results
 from shared.rules.reference import load_price_book, load_tax_table
 from shared.rules.sample import generate, sample_price_book_bytes, sample_tax_table_bytes
@@ -39,7 +41,9 @@ REPEATS = [
 def batch_file(path: Path) -> Path:
     generate(3_000, path, seed=17, reject_rate=0.05)
     lines = path.read_text().splitlines(keepends=True)
-    extra = [f"{tx},{account},2026-03-02T09:15:00Z,compute.vcpu-hour,{quantity},\n" for tx, account, quantity in REPEATS]
+    extra = [
+        f"{tx},{account},2026-03-02T09:15:00Z,compute.vcpu-hour,{quantity},\n" for tx, account, quantity in REPEATS
+    ]
     for i, line in enumerate(extra):  # spread over the file
         lines.insert(1 + i * 300, line)
     path.write_text("".join(lines))
@@ -53,13 +57,17 @@ def rated(path: Path, work_item_size: int) -> tuple[Manifest, list[WorkItemResul
     debatch = Debatch(work_item_size=work_item_size)
     results = []
     with path.open("rb") as source:
-        for index, (rows, encoded) in enumerate(debatch.items(source, "csv")):
-            header = WorkHeader(f"b1:{index}", "b1", book.content_hash, taxes.content_hash, rows)
-            envelope, poisoned = rate_work_items([(header, encoded)], references, [{}])
-            assert envelope is not None and not poisoned
-            (result,) = parse_results(envelope)
-            assert result.rows == rows
-            results.append(result)
+        blob, frames = inbox.in_memory(source, inbox.frame_bytes(path.stat().st_size))
+    for index, cut in enumerate(debatch.parts("b1", "csv", inbox.read_frames(io.BytesIO(blob), frames))):
+        assert cut.part is not None
+        header = WorkHeader(f"b1:{index}", "b1", book.content_hash, taxes.content_hash, cut.rows, cut.part)
+        envelope, poisoned = rate_work_items(
+            [(header, cut.payload, blob[cut.part.start : cut.part.end])], references, [{}]
+        )
+        assert envelope is not None and not poisoned
+        (result,) = parse_results(envelope)
+        assert result.rows == cut.rows
+        results.append(result)
     done = manifest("b1", work_items=debatch.work_items, rows=debatch.rows)
     return done, results
 

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from billing.client import REQUESTED
+from shared import inbox
 from shared.messaging.storage import Storage
-from shared.protocol import INBOX_CODEC, inbox_reader
 from shared.settings import Settings
 
 HEADER = "transaction_id,account_id,timestamp,product,quantity,region\n"
@@ -112,14 +112,19 @@ def test_a_text_file_lies_in_the_inbox_compressed(settings_env: Settings, tmp_pa
     path.write_text(HEADER + GOOD_ROW.format(product=product) * 2000)
     assert billing("submit", str(path), "--batch-id", "b-z").returncode == 0
 
-    async def stored() -> tuple[dict[str, str], bytes]:
+    async def stored() -> tuple[dict[str, str], list[tuple[str, int]], bytes]:
         async with Storage(settings_env) as storage:
-            blob = await storage.container(settings_env.inbox_container).download_blob("b-z")
-            return blob.properties.metadata, await blob.readall()
+            blob = storage.container(settings_env.inbox_container).get_blob_client("b-z")
+            committed, _ = await blob.get_block_list("committed")
+            download = await blob.download_blob()
+            return download.properties.metadata, [(b.id, b.size) for b in committed], await download.readall()
 
-    metadata, content = asyncio.run(stored())
-    assert metadata["codec"] == INBOX_CODEC and len(content) < path.stat().st_size / 10
-    assert inbox_reader(io.BytesIO(content), INBOX_CODEC).read() == path.read_bytes()
+    metadata, blocks, content = asyncio.run(stored())
+    assert metadata["codec"] == inbox.CODEC and len(content) < path.stat().st_size / 10
+    frames = inbox.frame_index(blocks)
+    assert len(frames) > 2, "a frame a block"
+    read = [data for _, data in inbox.read_frames(io.BytesIO(content), frames)]
+    assert b"".join(read) == path.read_bytes() and all(data.endswith(b"\n") for data in read)
 
 
 def test_an_upload_whose_request_never_went_out_is_submitted_again(

@@ -1,51 +1,118 @@
-"""Debatching a real generated file: every row goes out exactly once, as read (raw text included), in items
-of at most the work item size, grouped by account and product within a window (each key's rows together,
-in file order), each repeated transaction id marked with the row of its first occurrence."""
+"""Debatching real files: a text file's work items are runs of whole frames of its inbox blob that, read
+alone as a processor reads them, hold every row of the file once, exactly as a read of the whole file has
+it (raw text, row numbers, refusals included), each repeated transaction id marked with the row of its
+first occurrence; a Parquet file's work items carry its rows."""
 
 from __future__ import annotations
 
+import io
 import itertools
+import re
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-from initiator.debatch import Debatch
+from initiator.debatch import Cut, Debatch
+from shared import inbox
+from shared.errors import FileRefused
 from shared.protocol import WorkHeader, decode_work
 from shared.rules.batchfile import read_chunks
 from shared.rules.sample import generate
 from support.batchfiles import with_raw
 
+HEADER = "transaction_id,account_id,timestamp,product,quantity,region\n"
 
-@pytest.mark.parametrize("fmt", ["csv", "jsonl", "parquet"])
-def test_items_hold_every_row_once_as_read_grouped_by_key(tmp_path: Path, fmt: str) -> None:
+
+def cut_text(content: bytes, fmt: str, *, frame: int, work_item_size: int) -> tuple[list[Cut], list[pa.Table]]:
+    """The work items of ``content`` in frames of about ``frame`` bytes, and each read as a processor reads it."""
+    blob, frames = inbox.in_memory(io.BytesIO(content), frame)
+    debatch = Debatch(work_item_size=work_item_size)
+    cuts = list(debatch.parts("b", fmt, inbox.read_frames(io.BytesIO(blob), frames)))
+    parts = [cut.part for cut in cuts if cut.part is not None]
+    read = [
+        decode_work(WorkHeader(f"b:{i}", "b", "pb", "tx", cut.rows, part), cut.payload, blob[part.start : part.end])
+        for i, (cut, part) in enumerate(zip(cuts, parts, strict=True))
+    ]
+    assert debatch.work_items == len(cuts) and debatch.rows == sum(cut.rows for cut in cuts)
+    assert [(part.start, part.end) for part in parts] == list(itertools.pairwise([0, *(part.end for part in parts)])), (
+        "every frame in one item, in order"
+    )
+    assert not parts or parts[-1].end == len(blob)
+    return cuts, read
+
+
+def whole(content: bytes, fmt: str) -> pa.Table:
+    return pa.concat_tables(with_raw(chunk) for chunk in read_chunks(io.BytesIO(content), fmt))
+
+
+def expected_repeats(table: pa.Table) -> list[int]:
+    first: dict[str, int] = {}
+    ids = pc.utf8_trim_whitespace(table["transaction_id"]).to_pylist()
+    return [0 if not i or first.setdefault(i, row) == row else first[i] for row, i in enumerate(ids, start=1)]
+
+
+@pytest.mark.parametrize("fmt", ["csv", "jsonl"])
+def test_items_of_whole_frames_hold_every_row_once_as_the_file_reads(tmp_path: Path, fmt: str) -> None:
     path = tmp_path / f"batch.{fmt}"
-    generate(20_000, path, seed=5, fmt=fmt, reject_rate=0.05)  # less than one window: one run per key
+    generate(6_000, path, seed=5, fmt=fmt, reject_rate=0.05)
+    content = path.read_bytes()
+    cuts, read = cut_text(content, fmt, frame=20_000, work_item_size=700)
+
+    assert all(cut.rows >= 700 for cut in cuts[:-1]) and len(cuts) > 5
+    rows = pa.concat_tables(with_raw(table).append_column("repeat_of", table["repeat_of"]) for table in read)
+    file = whole(content, fmt)
+    assert rows.drop_columns("repeat_of") == file, "every row once, as read, raw text included"
+    assert rows["repeat_of"].to_pylist() == expected_repeats(file), "repeats name their id's first row"
+    assert sum(1 for first in rows["repeat_of"].to_pylist() if first) > 10, "the generated file repeats ids"
+
+
+def test_a_quoted_line_break_across_frames_keeps_its_record_whole() -> None:
+    rows = [
+        f't{i},acct-{i % 7},2026-03-02T09:15:00Z,p,"{i}\n.5",\n' if i % 9 == 0 else f"t{i},a,x,p,{i},\n"
+        for i in range(3000)
+    ]
+    content = ("\n" * 300 + HEADER + "".join(rows)).encode()  # empty lines before the header span frames too
+    cuts, read = cut_text(content, "csv", frame=200, work_item_size=50)
+
+    assert len(cuts) > 20
+    assert pa.concat_tables(with_raw(table) for table in read) == whole(content, "csv")
+    assert read[-1]["row"][-1].as_py() == 3000
+
+
+@pytest.mark.parametrize(
+    ("tail", "fmt"),
+    [
+        ('t9,a,x,p,"1\n.5\n', "csv"),  # a quote still open at the end
+        ("t9,a,x,p,1,\xff\n", "csv"),
+        ('{"transaction_id": "t9"\n', "jsonl"),
+    ],
+)
+def test_a_file_unreadable_at_its_end_is_refused_as_a_whole_read_refuses_it(tail: str, fmt: str) -> None:
+    if fmt == "csv":
+        content = (HEADER + "".join(f"t{i},a,x,p,{i},\n" for i in range(2000)) + tail).encode("latin-1")
+    else:
+        content = ("".join(f'{{"transaction_id": "t{i}"}}\n' for i in range(2000)) + tail).encode("latin-1")
+    with pytest.raises(FileRefused) as refused:
+        whole(content, fmt)
+    with pytest.raises(FileRefused) as cut:
+        cut_text(content, fmt, frame=500, work_item_size=100)
+    # The same refusal at the same line; "after data row N" counts the rows read before the block the bad
+    # byte is in: a whole read's blocks are larger than these frames.
+    assert re.sub(r"after data row \d+", "", str(cut.value)) == re.sub(r"after data row \d+", "", str(refused.value))
+
+
+def test_a_parquet_file_is_cut_into_items_of_its_rows(tmp_path: Path) -> None:
+    path = tmp_path / "batch.parquet"
+    generate(5_000, path, seed=3, fmt="parquet", reject_rate=0.05)
     debatch = Debatch(work_item_size=700)
     with path.open("rb") as source:
-        items = list(debatch.items(source, fmt))
+        cuts = list(debatch.tables(source, "parquet"))
+    read = [decode_work(WorkHeader(f"b:{i}", "b", "pb", "tx", cut.rows), cut.payload) for i, cut in enumerate(cuts)]
+    assert [cut.rows for cut in cuts] == [700] * 7 + [100] and all(cut.part is None for cut in cuts)
+    rows = pa.concat_tables(with_raw(table).append_column("repeat_of", table["repeat_of"]) for table in read)
     with path.open("rb") as source:
-        read = pa.concat_tables(with_raw(chunk) for chunk in read_chunks(source, fmt))
-
-    decoded = [
-        decode_work(WorkHeader(str(i), "b", "pb", "tx", rows), encoded) for i, (rows, encoded) in enumerate(items)
-    ]
-    sent = pa.concat_tables(with_raw(item).append_column("repeat_of", item["repeat_of"]) for item in decoded)
-    assert all(rows <= 700 for rows, _ in items) and len(items) == debatch.work_items == -(-20_000 // 700)
-    assert debatch.rows == 20_000
-    assert sent.drop_columns("repeat_of").sort_by("row") == read, "every row once, as read, raw text included"
-
-    ids = pc.utf8_trim_whitespace(read["transaction_id"]).to_pylist()
-    first_row: dict[str, int] = {}
-    expected = [first_row.setdefault(i, row) if i else row for row, i in enumerate(ids, start=1)]
-    expected = [0 if first == row else first for row, first in enumerate(expected, start=1)]
-    assert sent.sort_by("row")["repeat_of"].to_pylist() == expected, "repeats name their id's first row"
-    assert sum(1 for first in expected if first) > 100, "the generated file repeats ids"
-
-    keys = list(zip(sent["account_id"].to_pylist(), sent["product"].to_pylist(), strict=True))
-    runs = [k for k, _ in itertools.groupby(keys)]
-    assert len(runs) == len(set(keys)), "each key's rows lie together"
-    for account, product in set(keys):
-        mine = sent.filter(pc.and_(pc.equal(sent["account_id"], account), pc.equal(sent["product"], product)))
-        assert mine["row"].to_pylist() == sorted(mine["row"].to_pylist()), "in file order"
+        file = pa.concat_tables(with_raw(chunk) for chunk in read_chunks(source, "parquet"))
+    assert rows.drop_columns("repeat_of") == file
+    assert rows["repeat_of"].to_pylist() == expected_repeats(file)
