@@ -45,6 +45,7 @@ Mode = Literal["optimised", "naive"]
 #: What a first version would do (settings, so the same code runs both designs).
 NAIVE: dict[str, Any] = {
     "work_item_size": 1,
+    "work_item_rows": "message",
     "dequeue_batch_size": 1,
     "dequeue_tasks": 1,
     "delete_on_receive": True,

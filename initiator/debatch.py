@@ -132,7 +132,8 @@ class Debatch:
         return Cut(item.rows, part, encode_table(repeats))
 
     def tables(self, source: BinaryIO, fmt: str) -> Iterator[Cut]:
-        """Work items of a file read whole (Parquet): its rows as read, ``repeat_of`` added."""
+        """Work items that carry their rows as read, ``repeat_of`` added (a Parquet file's, or every file's
+        when work items carry their rows in the message)."""
         for chunk in read_chunks(source, fmt, chunk_rows=self._work_item_size):
             self.rows += chunk.num_rows
             self.work_items += 1

@@ -155,8 +155,11 @@ class Initiator(Service):
         pipe = BlockPipe()
         feeding = asyncio.create_task(pipe.feed(download.chunks()))
         try:
-            stream = io.BufferedReader(pipe, buffer_size=1 << 20)
-            yield debatch.parts(request.blob_name, request.fmt, inbox.read_frames(stream, frames))
+            read = inbox.read_frames(io.BufferedReader(pipe, buffer_size=1 << 20), frames)
+            if self.settings.work_item_rows == "message":
+                yield debatch.tables(inbox.file_stream(read), request.fmt)
+            else:
+                yield debatch.parts(request.blob_name, request.fmt, read)
         finally:
             pipe.close()
             feeding.cancel()

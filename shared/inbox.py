@@ -11,6 +11,7 @@ compressed already, lies there as it is.
 
 from __future__ import annotations
 
+import io
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import BinaryIO
@@ -114,6 +115,34 @@ def read_frames(stream: BinaryIO, frames: Iterable[Frame]) -> Iterator[tuple[Fra
         if len(data) < frame.length:
             raise PoisonMessage("bad_batch_file", "the inbox blob ends before its last frame")
         yield frame, decompress(data, frame.size)
+
+
+def file_stream(frames: Iterable[tuple[Frame, bytes]]) -> BinaryIO:
+    """The file's bytes as a stream, from its frames (each with its bytes of the file)."""
+    return io.BufferedReader(_Joined(data for _, data in frames), buffer_size=1 << 20)
+
+
+class _Joined(io.RawIOBase):
+    """Byte strings read one after the other, as a stream."""
+
+    def __init__(self, pieces: Iterator[bytes]) -> None:
+        super().__init__()
+        self._pieces = pieces
+        self._current = memoryview(b"")
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: memoryview) -> int:  # type: ignore[override]
+        while not self._current:
+            piece = next(self._pieces, None)
+            if piece is None:
+                return 0
+            self._current = memoryview(piece)
+        size = min(len(buffer), len(self._current))
+        buffer[:size] = self._current[:size]
+        self._current = self._current[size:]
+        return size
 
 
 @dataclass(frozen=True)

@@ -46,9 +46,13 @@ class Settings(BaseSettings):
     reference_container: str = "billing-reference"
 
     # Work items.
-    # Transactions per work item (at most): 40,000 are ~360 KB encoded and go by claim check, half the
-    # storage requests and less CPU than items small enough to travel inline (README, "Measured").
+    # Rows per work item: a text file's are runs of whole frames of its inbox blob holding at least this
+    # many (the last one fewer), a Parquet file's at most this many (README, "Measured").
     work_item_size: int = Field(default=40_000, ge=1, le=100_000)
+    # Where a text file's work items have their rows: "inbox" names frames of the inbox blob, which the
+    # processor reads (a message of a few hundred bytes); "message" carries the rows as read in the message,
+    # as a Parquet file's do (the naive design's way: benchmark only).
+    work_item_rows: Literal["inbox", "message"] = "inbox"
     max_message_bytes: int = Field(default=64 * 1024, ge=1024)
     max_file_bytes: int = Field(default=50 * 1024**3, ge=1)  # a batch file larger than this is refused
     # A complete batch's claim-check blobs are deleted this long after it completed (the controller

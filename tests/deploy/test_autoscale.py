@@ -32,7 +32,9 @@ from support.tools import render
 from support.waiting import wait_until
 
 ROWS = 10_000
-WORK_ITEM_SIZE = 10  # 1,000 work items, 250 a queue: 5 processors' worth at the local queueLength (50)
+#: 1,000 work items, 250 a queue: 5 processors' worth at the local queueLength (50); carrying their rows in
+#: the message (an inbox frame holds some 200 rows, too many for so small an item).
+WORK_ITEM_SIZE = 10
 POLLING, COOLDOWN = 0.5, 3.0
 
 
@@ -107,6 +109,7 @@ def test_a_backlog_scales_processors_out_and_back_to_zero(
     settings_env: Settings, roles: Roles, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("BILLING_WORK_ITEM_SIZE", str(WORK_ITEM_SIZE))
+    monkeypatch.setenv("BILLING_WORK_ITEM_ROWS", "message")
     settings = Settings()
     manifests = tmp_path / "local.yaml"
     rules = {rule.role: rule for rule in scale_rules(local_manifests(settings, manifests))}
