@@ -41,7 +41,7 @@ def rated(source: Path, price_book: bytes, tax_table: bytes, *, work_item_size: 
     with source.open("rb") as stream:
         blob, frames = inbox.in_memory(stream, inbox.frame_bytes(source.stat().st_size))
     with io.BytesIO(blob) as stream:
-        for index, cut in enumerate(debatch.parts(BATCH, "csv", inbox.read_frames(stream, frames))):
+        for index, cut in enumerate(debatch.parts(BATCH, "csv", frames, stream)):
             header = WorkHeader(f"{BATCH}-{index}", BATCH, book.content_hash, taxes.content_hash, cut.rows, cut.part)
             text = blob[cut.part.start : cut.part.end] if cut.part else b""
             envelope, poisoned = rate_work_items([(header, cut.payload, text)], references, [{}])

@@ -18,7 +18,7 @@ from __future__ import annotations
 import codecs
 import csv
 import io
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import BinaryIO
 
@@ -26,6 +26,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from shared import inbox
 from shared.errors import FileRefused
 from shared.inbox import Frame, Part
 from shared.protocol import encode_table
@@ -57,27 +58,32 @@ class Debatch:
         self._first = FirstOccurrences()
         self.rows = self.work_items = 0
 
-    def parts(self, blob: str, fmt: str, frames: Iterable[tuple[Frame, bytes]]) -> Iterator[Cut]:
-        """Work items of a text file, from its frames in order (each with its bytes decompressed).
+    def parts(self, blob: str, fmt: str, frames: Sequence[Frame], stream: BinaryIO) -> Iterator[Cut]:
+        """Work items of a text file from its blob's ``frames``, read from ``stream`` (the blob from its start).
 
         Frames are read in parts that end where a record ends: a frame after which a quoted line break or
         the header goes on (or that does not end a line) is read together with the next one. A part reads
         as that part of the whole file would (:func:`~shared.rules.batchfile.read_chunks`), a CSV part
-        after the first with the file's header lines put before it."""
+        after the first with the file's header lines put before it. The last frames, as many as two full
+        items take, go out a part an item, so that the batch's last rows are rated side by side, soon."""
         head = b""  # a CSV file's lines up to its header's end
         lines = 0  # physical lines of the file before the frames still pending
         item: _Item | None = None
         pending: list[tuple[Frame, bytes]] = []
-        for frame, data in frames:
+        full = 0  # frames of the first full item
+        if not frames:
+            self._read(b"", fmt, b"", 0)  # an empty file: refused as a whole read refuses it
+        for number, (frame, data) in enumerate(inbox.read_frames(stream, frames), start=1):
             pending.append((frame, data))
-            if not data.endswith(b"\n"):
+            last = number == len(frames)
+            if not (data.endswith(b"\n") or last):
                 continue
             text = b"".join(data for _, data in pending)
             start = head if lines else b""  # the file's first part holds its header
             try:
                 rows, repeats = self._read(text, fmt, start, lines)
             except FileRefused as exc:
-                if fmt == "csv" and any(reason in str(exc) for reason in _UNFINISHED):
+                if not last and fmt == "csv" and any(reason in str(exc) for reason in _UNFINISHED):
                     continue  # more of the record (or header) is in the next frame
                 raise
             if fmt == "csv" and not lines:
@@ -87,18 +93,12 @@ class Debatch:
             self.rows += rows
             lines += _line_count(text)
             pending = []
-            if item.rows >= self._work_item_size:
-                yield self._cut(blob, fmt, item)
+            tail = full and len(frames) - number <= 2 * full
+            if item.rows >= self._work_item_size or tail or last:
+                full = full or len(item.frames)
+                if item.rows:
+                    yield self._cut(blob, fmt, item)
                 item = None
-        if pending:  # the file's end, not after a line: that is where its last record ends, or it is refused
-            text = b"".join(data for _, data in pending)
-            start = head if lines else b""
-            rows, repeats = self._read(text, fmt, start, lines)
-            item = item or _Item(start, self.rows, lines - _line_count(start))
-            item.add([frame for frame, _ in pending], rows, repeats)
-            self.rows += rows
-        if item is not None and item.rows:
-            yield self._cut(blob, fmt, item)
 
     def _read(self, text: bytes, fmt: str, head: bytes, lines: int) -> tuple[int, list[pa.Table]]:
         """Read a part (``head`` put before it, ``lines`` of the file before it): its rows, and those that

@@ -155,11 +155,11 @@ class Initiator(Service):
         pipe = BlockPipe()
         feeding = asyncio.create_task(pipe.feed(download.chunks()))
         try:
-            read = inbox.read_frames(io.BufferedReader(pipe, buffer_size=1 << 20), frames)
+            stream = io.BufferedReader(pipe, buffer_size=1 << 20)
             if self.settings.work_item_rows == "message":
-                yield debatch.tables(inbox.file_stream(read), request.fmt)
+                yield debatch.tables(inbox.file_stream(inbox.read_frames(stream, frames)), request.fmt)
             else:
-                yield debatch.parts(request.blob_name, request.fmt, read)
+                yield debatch.parts(request.blob_name, request.fmt, frames, stream)
         finally:
             pipe.close()
             feeding.cancel()

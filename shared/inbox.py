@@ -26,7 +26,7 @@ CODEC_KEY = "codec"
 #: A file is cut in about this many frames, each from ``MIN_FRAME`` to ``MAX_FRAME`` bytes of it (a
 #: longer line makes a longer frame): fine enough for work items of any size, few enough requests.
 FRAMES = 64
-MIN_FRAME, MAX_FRAME = 16 << 10, 4 << 20
+MIN_FRAME, MAX_FRAME = 16 << 10, 1 << 20
 
 
 def codec(fmt: str) -> str | None:

@@ -58,7 +58,7 @@ def rated(path: Path, work_item_size: int) -> tuple[Manifest, list[WorkItemResul
     results = []
     with path.open("rb") as source:
         blob, frames = inbox.in_memory(source, inbox.frame_bytes(path.stat().st_size))
-    for index, cut in enumerate(debatch.parts("b1", "csv", inbox.read_frames(io.BytesIO(blob), frames))):
+    for index, cut in enumerate(debatch.parts("b1", "csv", frames, io.BytesIO(blob))):
         assert cut.part is not None
         header = WorkHeader(f"b1:{index}", "b1", book.content_hash, taxes.content_hash, cut.rows, cut.part)
         envelope, poisoned = rate_work_items(
