@@ -64,8 +64,8 @@ class Debatch:
         Frames are read in parts that end where a record ends: a frame after which a quoted line break or
         the header goes on (or that does not end a line) is read together with the next one. A part reads
         as that part of the whole file would (:func:`~shared.rules.batchfile.read_chunks`), a CSV part
-        after the first with the file's header lines put before it. The last frames, as many as two full
-        items take, go out a part an item, so that the batch's last rows are rated side by side, soon."""
+        after the first with the file's header lines put before it. The last frames, as many as a full item
+        takes, go out in items of a quarter of the size, so that the batch's last rows are rated side by side."""
         head = b""  # a CSV file's lines up to its header's end
         lines = 0  # physical lines of the file before the frames still pending
         item: _Item | None = None
@@ -93,8 +93,8 @@ class Debatch:
             self.rows += rows
             lines += _line_count(text)
             pending = []
-            tail = full and len(frames) - number <= 2 * full
-            if item.rows >= self._work_item_size or tail or last:
+            tail = len(frames) - number < full  # within the last frames: items of a quarter
+            if item.rows >= self._work_item_size // (4 if tail else 1) or last:
                 full = full or len(item.frames)
                 if item.rows:
                     yield self._cut(blob, fmt, item)

@@ -25,8 +25,8 @@ CODEC = "zstd"
 CODEC_KEY = "codec"
 #: A file is cut in about this many frames, each from ``MIN_FRAME`` to ``MAX_FRAME`` bytes of it (a
 #: longer line makes a longer frame): fine enough for work items of any size, few enough requests.
-FRAMES = 64
-MIN_FRAME, MAX_FRAME = 16 << 10, 1 << 20
+FRAMES = 32
+MIN_FRAME, MAX_FRAME = 16 << 10, 2 << 20
 
 
 def codec(fmt: str) -> str | None:

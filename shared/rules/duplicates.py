@@ -34,21 +34,22 @@ class FirstOccurrences:
 
     Each id is remembered as 96 bits of two keyed SipHashes (a uint64 and a uint32 array, sorted by the
     first) and its first row (uint32): 16 bytes per id whatever its length, so 10 million ids take 160 MB.
-    Ids are kept in sorted runs of ``run_ids``; a new chunk is merged into the open run only, so merging
-    never copies more than one run. A filter of ``FILTER_BITS`` bits (one set per id, by the top bits of its
-    hash) spares the search of the runs for almost every new id: 99 % of them at a million ids, 93 % at ten
-    million. Within one chunk ids are compared exactly; a false repeat across chunks needs two distinct
-    ids with equal 96-bit hashes (about n²/2^97, 10^-15 for 10 million ids: never in practice).
+    A chunk's new ids make a sorted run of their own; a run is merged with the one before it while that one
+    is less than twice its size, up to ``run_ids``: few runs to search (about a dozen at ten million ids),
+    each id copied a few times, and a merge never holds more than ``run_ids`` twice. A filter of
+    ``FILTER_BITS`` bits (one set per id, by the top bits of its hash) spares the search for almost every
+    new id: all but 0.7 % of them at a million ids, 7 % at ten million. Within one chunk ids
+    are compared exactly; a false repeat across chunks needs two distinct ids with equal 96-bit hashes
+    (about n²/2^97, 10^-15 for 10 million ids: never in practice).
     """
 
-    def __init__(self, *, run_ids: int = 1 << 17) -> None:
+    def __init__(self, *, run_ids: int = 1 << 20) -> None:
         self._run_ids = run_ids
-        self._sealed: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
-        self._open = _empty_run()
+        self._runs: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # the largest first
         self._filter = np.zeros(FILTER_BITS // 8, dtype=np.uint8)
 
     def __len__(self) -> int:
-        return sum(len(h1) for h1, _, _ in (*self._sealed, self._open))
+        return sum(len(h1) for h1, _, _ in self._runs)
 
     @staticmethod
     def hashes(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -102,39 +103,49 @@ class FirstOccurrences:
     def _search(self, h1: np.ndarray, h2: np.ndarray) -> np.ndarray:
         """:meth:`_first_rows` of ids the filter does not rule out, searched in every run."""
         found = np.zeros(len(h1), dtype=np.int64)
-        for run1, run2, run_rows in (*self._sealed, self._open):
-            left = np.searchsorted(run1, h1, side="left")
-            right = np.searchsorted(run1, h1, side="right")
-            single = np.flatnonzero(right - left == 1)
-            match = single[run2[left[single]] == h2[single]]
-            found[match] = run_rows[left[match]]
-            for i in np.flatnonzero(right - left > 1):  # equal 64-bit parts: astronomically rare
-                same = np.flatnonzero(run2[left[i] : right[i]] == h2[i])
-                if len(same):
-                    found[i] = run_rows[left[i] + same[0]]
+        for run1, run2, run_rows in self._runs:
+            at = np.minimum(np.searchsorted(run1, h1), len(run1) - 1)
+            same = np.flatnonzero(run1[at] == h1)
+            match = run2[at[same]] == h2[same]
+            found[same[match]] = run_rows[at[same[match]]]
+            for i in same[~match]:  # equal 64-bit parts of two ids: astronomically rare
+                end = np.searchsorted(run1, h1[i], side="right")
+                other = np.flatnonzero(run2[at[i] : end] == h2[i])
+                if len(other):
+                    found[i] = run_rows[at[i] + other[0]]
         return found
 
     def _add(self, h1: np.ndarray, h2: np.ndarray, rows: np.ndarray) -> None:
-        """Remember new hashed ids, given sorted by ``h1``: their filter bits set, one linear merge into the
-        open run."""
+        """Remember new hashed ids, given sorted by ``h1``: their filter bits set, a run of their own merged
+        with those before it while they are less than twice its size (up to ``run_ids``)."""
+        if not len(h1):
+            return
         byte, bit = _filter_position(h1)  # sorted too: the bits of one byte are ORed together first
-        if len(byte):
-            starts = np.flatnonzero(np.r_[True, byte[1:] != byte[:-1]])
-            self._filter[byte[starts]] |= np.bitwise_or.reduceat(np.left_shift(1, bit, dtype=np.uint8), starts)
-        at = np.searchsorted(self._open[0], h1) + np.arange(len(h1))
-        new = np.zeros(len(self._open[0]) + len(h1), dtype=bool)
-        new[at] = True
-        merged = _empty_run(len(new))
-        for target, old, added in zip(merged, self._open, (h1, h2, rows), strict=True):
-            target[at], target[~new] = added, old
-        self._open = merged
-        if len(merged[0]) >= self._run_ids:
-            self._sealed.append(merged)
-            self._open = _empty_run()
+        starts = np.flatnonzero(np.r_[True, byte[1:] != byte[:-1]])
+        self._filter[byte[starts]] |= np.bitwise_or.reduceat(np.left_shift(1, bit, dtype=np.uint8), starts)
+        run = (h1, h2, rows)
+        while self._runs and len(self._runs[-1][0]) < 2 * len(run[0]):
+            if len(self._runs[-1][0]) + len(run[0]) > self._run_ids:
+                break
+            run = _merged(self._runs.pop(), run)
+        self._runs.append(run)
+
+
+def _merged(
+    old: tuple[np.ndarray, np.ndarray, np.ndarray], new: tuple[np.ndarray, np.ndarray, np.ndarray]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Two runs as one, sorted by the first array: one linear merge."""
+    at = np.searchsorted(old[0], new[0]) + np.arange(len(new[0]))
+    taken = np.zeros(len(old[0]) + len(new[0]), dtype=bool)
+    taken[at] = True
+    merged = _empty_run(len(taken))
+    for target, was, added in zip(merged, old, new, strict=True):
+        target[at], target[~taken] = added, was
+    return merged
 
 
 def _filter_position(h1: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Where each hash's bit lies in the filter: its byte, and the bit in it."""
+    """Where each hash's bit lies in the filter (by its top bits): its byte, and the bit in it."""
     slot = h1 >> np.uint64(64 - FILTER_BITS.bit_length() + 1)
     return (slot >> np.uint64(3)).astype(np.intp), (slot & np.uint64(7)).astype(np.uint8)
 

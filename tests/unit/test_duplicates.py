@@ -17,13 +17,16 @@ def repeats(first: FirstOccurrences, ids: list[str | None], start: int) -> list[
     return first.repeat_of(pa.array(ids, pa.string()), rows).tolist()
 
 
-@pytest.mark.parametrize("run_ids", [1 << 20, 150], ids=["one-run", "sealed-runs"])
+@pytest.mark.parametrize("run_ids", [1 << 20, 150], ids=["merged-runs", "capped-runs"])
 def test_each_repeat_names_the_first_occurrence_across_chunks(run_ids: int) -> None:
     first = FirstOccurrences(run_ids=run_ids)
     ids = [f"id-{i}" for i in range(1000)]
     for start in range(0, 1000, 100):  # chunks in file order
         assert repeats(first, ids[start : start + 100], start + 1) == [0] * 100
     assert len(first) == 1000
+    sizes = [len(h1) for h1, _, _ in first._runs]
+    assert all(len(h1) == len(set(h1.tolist())) and (h1[1:] > h1[:-1]).all() for h1, _, _ in first._runs)
+    assert sizes == sorted(sizes, reverse=True) and len(sizes) <= (10 if run_ids > 1000 else 20), sizes
     assert repeats(first, ids[::-1], 1001) == list(range(1000, 0, -1)), "each names its first row, not a later one"
     assert len(first) == 1000, "repeats are not remembered again"
     assert repeats(first, ["id-1000", "ID-1", "id-1 "], 3001) == [0, 0, 0], "exact, case-sensitive text"

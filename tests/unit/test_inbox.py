@@ -19,7 +19,7 @@ def test_text_formats_are_framed_and_parquet_goes_as_it_is() -> None:
     assert inbox.codec("csv") == inbox.codec("jsonl") == inbox.CODEC
     assert inbox.codec("parquet") is None
     assert inbox.frame_bytes(1000) == inbox.MIN_FRAME and inbox.frame_bytes(1 << 40) == inbox.MAX_FRAME
-    assert inbox.frame_bytes(64 << 20) == 1 << 20
+    assert inbox.frame_bytes(32 << 20) == 1 << 20
 
 
 @given(st.lists(st.binary(max_size=300).map(lambda line: line.replace(b"\n", b"") + b"\n"), max_size=60))
