@@ -26,7 +26,7 @@ from shared.messaging.tally import Tally, tallying
 from shared.messaging.triggers import trigger_bus
 from shared.protocol import BatchRequest, request_envelope
 from shared.refstore import PRICEBOOK, TAXES, ReferenceStore
-from shared.rules.batchfile import detect_format, read_chunks
+from shared.rules.batchfile import detect_format, line_blocks, read_chunks
 from shared.rules.reference import load_price_book, load_tax_table
 from shared.rules.sample import sample_price_book_bytes, sample_tax_table_bytes
 from shared.settings import Settings
@@ -153,7 +153,7 @@ async def _upload(container: ContainerClient, batch_id: str, path: Path, fmt: st
                 await container.upload_blob(batch_id, file, overwrite=False, max_concurrency=4, metadata=metadata)
             else:
                 metadata[inbox.CODEC_KEY] = codec
-                frames = inbox.cut_frames(file, inbox.frame_bytes(path.stat().st_size))
+                frames = line_blocks(file, inbox.frame_bytes(path.stat().st_size))
                 await _upload_frames(container.get_blob_client(batch_id), frames, metadata)
     except (ResourceExistsError, ResourceModifiedError):
         return not await container.get_blob_client(REQUESTED.format(batch_id)).exists()

@@ -84,6 +84,18 @@ def quantity_type() -> ExactDecimal:
     return ExactDecimal(MONEY_PRECISION, QUANTITY_SCALE)
 
 
+def _sums() -> list[sa.Column[Any]]:
+    """An aggregate's currency and exact sums (new columns for each table that has them)."""
+    return [
+        sa.Column("currency", sa.String(3), nullable=False),
+        sa.Column("transactions", sa.BigInteger, nullable=False),
+        sa.Column("quantity", quantity_type(), nullable=False),
+        sa.Column("net", money_type(), nullable=False),
+        sa.Column("tax", money_type(), nullable=False),
+        sa.Column("total", money_type(), nullable=False),
+    ]
+
+
 metadata = sa.MetaData()
 
 #: One row per batch. ``work_items`` stays NULL until the manifest arrives (results may come first).
@@ -139,12 +151,7 @@ aggregates = sa.Table(
     sa.Column("account_id", sa.String(64), primary_key=True),
     sa.Column("product", sa.String(255), primary_key=True),
     sa.Column("billing_day", sa.Date, primary_key=True),
-    sa.Column("currency", sa.String(3), nullable=False),
-    sa.Column("transactions", sa.BigInteger, nullable=False),
-    sa.Column("quantity", quantity_type(), nullable=False),
-    sa.Column("net", money_type(), nullable=False),
-    sa.Column("tax", money_type(), nullable=False),
-    sa.Column("total", money_type(), nullable=False),
+    *_sums(),
 )
 
 #: Rejected rows of a batch (1-based data row number).
@@ -170,12 +177,7 @@ held = sa.Table(
     sa.Column("account_id", sa.String(64), nullable=False),
     sa.Column("product", sa.String(255), nullable=False),
     sa.Column("billing_day", sa.Date, nullable=False),
-    sa.Column("currency", sa.String(3), nullable=False),
-    sa.Column("transactions", sa.BigInteger, nullable=False),
-    sa.Column("quantity", quantity_type(), nullable=False),
-    sa.Column("net", money_type(), nullable=False),
-    sa.Column("tax", money_type(), nullable=False),
-    sa.Column("total", money_type(), nullable=False),
+    *_sums(),
 )
 
 # The cross-batch report filters (controller.queries; migration 0005).

@@ -29,15 +29,13 @@ import pyarrow.compute as pc
 from shared import inbox
 from shared.errors import FileRefused
 from shared.inbox import Frame, Part
-from shared.protocol import encode_table
+from shared.protocol import REPEATS_SCHEMA, encode_table
 from shared.rules.batchfile import read_chunks
 from shared.rules.duplicates import FirstOccurrences
 
 #: What a CSV reader says of a part that ends inside a record (a quoted line break across frames), or
 #: before the header record ends: with more of the file to come, the part goes on with the next frame.
 _UNFINISHED = ("unexpected end of data", "CSV has no header row")
-#: The repeated rows of a part (``row``, ``repeat_of``): a text work item's payload.
-REPEATS_SCHEMA = pa.schema([("row", pa.int64()), ("repeat_of", pa.int64())])
 
 
 @dataclass(frozen=True)
@@ -51,7 +49,7 @@ class Cut:
 
 class Debatch:
     """Cuts one batch file into work items of at least ``work_item_size`` rows (text: whole frames; the last
-    item may be smaller) or at most that many (Parquet). The counts are final once the items are exhausted."""
+    ones smaller) or at most that many (Parquet). The counts are final once the items are exhausted."""
 
     def __init__(self, *, work_item_size: int) -> None:
         self._work_item_size = work_item_size

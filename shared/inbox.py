@@ -2,7 +2,8 @@
 reads just the part it rates.
 
 A text file (CSV, JSON Lines) lies there as independent zstd frames, each holding whole lines of the
-file (about :func:`frame_bytes` of it, cut after a newline), each frame one block of the block blob
+file (about :func:`frame_bytes` of it, cut after a newline: :func:`~shared.rules.batchfile.line_blocks`),
+each frame one block of the block blob
 whose id names the frame's index and size as read. The blob's block list is then the index of its
 frames: a work item names a run of whole frames (:class:`Part`), which a processor reads with one ranged
 request and decompresses alone; a quarter of the bytes to upload, store and download. A Parquet file,
@@ -19,6 +20,7 @@ from typing import BinaryIO
 import pyarrow as pa
 
 from .errors import PoisonMessage
+from .rules.batchfile import line_blocks
 
 CODEC = "zstd"
 #: The blob metadata naming the codec of its frames (absent: the file as it is).
@@ -37,21 +39,6 @@ def codec(fmt: str) -> str | None:
 def frame_bytes(file_bytes: int) -> int:
     """About how many bytes of a file of ``file_bytes`` a frame holds."""
     return min(MAX_FRAME, max(MIN_FRAME, file_bytes // FRAMES))
-
-
-def cut_frames(file: BinaryIO, size: int) -> Iterator[bytes]:
-    """The file in frames of whole lines, about ``size`` bytes each (the last one as the file ends)."""
-    rest = b""
-    while block := file.read(size):
-        block = rest + block
-        cut = block.rfind(b"\n") + 1
-        if not cut:  # a line longer than a frame: the frame goes on to its end
-            rest = block
-            continue
-        rest = block[cut:]
-        yield block[:cut]
-    if rest:
-        yield rest
 
 
 def compress(frame: bytes) -> bytes:
@@ -103,7 +90,7 @@ def frame_index(blocks: Iterable[tuple[str, int]]) -> list[Frame]:
 def in_memory(file: BinaryIO, size: int) -> tuple[bytes, list[Frame]]:
     """A file as its inbox blob would hold it in frames of about ``size`` bytes, in memory: the blob's bytes
     and its frames (for benchmarks and tests that cut and rate files without storage)."""
-    compressed = [(frame, compress(frame)) for frame in cut_frames(file, size)]
+    compressed = [(frame, compress(frame)) for frame in line_blocks(file, size)]
     frames = frame_index((block_id(i, len(frame)), len(data)) for i, (frame, data) in enumerate(compressed))
     return b"".join(data for _, data in compressed), frames
 

@@ -27,6 +27,8 @@ from .rules.batchfile import CHUNK_SCHEMA, read_chunks
 from .rules.schemas import HELD_SCHEMA, PARTIAL_SCHEMA, REJECT_SCHEMA
 
 REQUEST, WORK, RESULTS, MANIFEST, POISONED = "request", "work", "results", "manifest", "poisoned"
+#: The rows of a text work item's part that repeat an earlier row's transaction id: its payload.
+REPEATS_SCHEMA = pa.schema([("row", pa.int64()), ("repeat_of", pa.int64())])
 T = TypeVar("T")
 _log = logging.getLogger(__name__)
 
@@ -165,11 +167,14 @@ def decode_work(header: WorkHeader, encoded: bytes, text: bytes = b"") -> pa.Tab
         try:
             source = io.BytesIO(part.text(text))
             read = list(read_chunks(source, part.fmt, rows_before=part.rows_before, lines_before=part.lines_before))
-            table = pa.concat_tables(read) if read else CHUNK_SCHEMA.empty_table()
-            repeat_of = np.zeros(table.num_rows, np.int64)
-            repeat_of[payload["row"].to_numpy() - part.rows_before - 1] = payload["repeat_of"].to_numpy()
-        except (FileRefused, ValueError, IndexError, KeyError) as exc:
+        except (FileRefused, ValueError) as exc:
             raise PoisonMessage("bad_work_item", f"{header.work_item_id}: {exc}") from exc
+        table = pa.concat_tables(read) if read else CHUNK_SCHEMA.empty_table()
+        at = payload["row"].to_numpy() - part.rows_before - 1 if payload.schema == REPEATS_SCHEMA else None
+        if at is None or (len(at) and (at.min() < 0 or at.max() >= table.num_rows)):
+            raise PoisonMessage("bad_work_item", f"{header.work_item_id}: its repeated rows are not its rows")
+        repeat_of = np.zeros(table.num_rows, np.int64)
+        repeat_of[at] = payload["repeat_of"].to_numpy()
         table = table.append_column("repeat_of", pa.array(repeat_of))
     if table.num_rows != header.rows:
         raise PoisonMessage("bad_work_item", f"{header.work_item_id}: row count does not match its header")

@@ -561,7 +561,7 @@ var roles = [
   {
     name: 'processor'
     queues: inputQueues
-    queueLength: 60
+    queueLength: 30
     activationQueueLength: 0
     pollingInterval: 10
     cooldownPeriod: 120

@@ -295,7 +295,7 @@ class _CsvText:
     A block that is not UTF-8 raises :class:`_BadByte` naming the line of its first bad byte."""
 
     def __init__(self, source: BinaryIO, block_bytes: int, lines_before: int = 0) -> None:
-        self._blocks = _line_blocks(source, block_bytes)
+        self._blocks = line_blocks(source, block_bytes)
         self._first = True
         self._text = ""  # the current block
         self._pos = 0  # in ``_text``, at the start of a line
@@ -379,7 +379,7 @@ class _CsvText:
         return min(found, default=len(self._text))
 
 
-def _line_blocks(source: BinaryIO, block_bytes: int) -> Iterator[bytes]:
+def line_blocks(source: BinaryIO, block_bytes: int) -> Iterator[bytes]:
     """The stream in blocks of about ``block_bytes`` ending at a ``\\n`` (a longer line: a longer block)."""
     parts: list[bytes | memoryview] = []  # of a block, up to the last read
     while data := source.read(block_bytes):

@@ -1,24 +1,20 @@
-"""The billing rules as the roles split them, in one process: the initiator's cut (repeated ids marked), each
-work item validated and rated by the processors' worker function, the results applied to the store in any
-order. Aggregates, invoices and rejects must equal the independent reference model's, to the minor unit,
-with repeated ids spread over work items whose first occurrences are valid or not."""
+"""The billing rules as the roles split them, in one process: the initiator's cut (repeated ids marked),
+each work item read, validated and rated by the processors' worker function (as ``benchmarks.store_apply``
+does), the results applied to the store in any order. Aggregates, invoices and rejects must equal the
+independent reference model's, to the minor unit, with repeated ids spread over work items whose first
+occurrences are valid or not."""
 
 from __future__ import annotations
 
-import io
 import random
 from decimal import Decimal
 from pathlib import Path
 
 import pytest
 
+from benchmarks.store_apply import BATCH, rated
 from controller import reports
 from controller.store import Store
-from initiator.debatch import Debatch
-from processor.jobs import rate_work_items
-from shared import inbox
-from shared.protocol import Manifest, WorkHeader, WorkItemResult, parse_results
-from shared.rules.reference import load_price_book, load_tax_table
 from shared.rules.sample import generate, sample_price_book_bytes, sample_tax_table_bytes
 from support.exact import expected, read_raw, sorted_records
 from support.records import manifest
@@ -50,46 +46,26 @@ def batch_file(path: Path) -> Path:
     return path
 
 
-def rated(path: Path, work_item_size: int) -> tuple[Manifest, list[WorkItemResult]]:
-    price_book, tax_table = sample_price_book_bytes(), sample_tax_table_bytes()
-    book, taxes = load_price_book(price_book), load_tax_table(tax_table)
-    references = {book.content_hash: price_book, taxes.content_hash: tax_table}
-    debatch = Debatch(work_item_size=work_item_size)
-    results = []
-    with path.open("rb") as source:
-        blob, frames = inbox.in_memory(source, inbox.frame_bytes(path.stat().st_size))
-    for index, cut in enumerate(debatch.parts("b1", "csv", frames, io.BytesIO(blob))):
-        assert cut.part is not None
-        header = WorkHeader(f"b1:{index}", "b1", book.content_hash, taxes.content_hash, cut.rows, cut.part)
-        envelope, poisoned = rate_work_items(
-            [(header, cut.payload, blob[cut.part.start : cut.part.end])], references, [{}]
-        )
-        assert envelope is not None and not poisoned
-        (result,) = parse_results(envelope)
-        assert result.rows == cut.rows
-        results.append(result)
-    done = manifest("b1", work_items=debatch.work_items, rows=debatch.rows)
-    return done, results
-
-
 @pytest.mark.parametrize("seed", [1, 2])
 def test_rules_split_over_the_roles_equal_the_model(sql_url: str, tmp_path: Path, seed: int) -> None:
     path = batch_file(tmp_path / "batch.csv")
-    done, results = rated(path, work_item_size=250)
+    price_book, tax_table = sample_price_book_bytes(), sample_tax_table_bytes()
+    results = [result for message in rated(path, price_book, tax_table, work_item_size=250) for result in message]
+    done = manifest(BATCH, work_items=len(results), rows=sum(result.rows for result in results))
     assert sum(r.held.num_rows for r in results) >= 6, "repeats are held across work items"
     random.Random(seed).shuffle(results)
 
     with Store(sql_url) as store:
         for start in range(0, len(results), 3):
             store.apply([done] if start == 3 else [], results[start : start + 3])
-        status = store.batch("b1")
+        status = store.batch(BATCH)
         aggregates, invoices, rejects = expected(read_raw(path))
         assert status is not None and status.state == "complete"
         assert (status.rows, status.accepted, status.rejected) == (3_009, 3_009 - len(rejects), len(rejects))
-        got = reports.aggregates(store, "b1").to_dict("records")
+        got = reports.aggregates(store, BATCH).to_dict("records")
         assert sorted_records({**r, "quantity": Decimal(r["quantity"])} for r in got) == aggregates
-        assert sorted_records(reports.invoices(store, "b1").to_dict("records")) == invoices
-        assert reports.rejects(store, "b1")[["row", "reason"]].to_dict("records") == rejects
+        assert sorted_records(reports.invoices(store, BATCH).to_dict("records")) == invoices
+        assert reports.rejects(store, BATCH)[["row", "reason"]].to_dict("records") == rejects
     reasons = {r["row"]: r["reason"] for r in rejects}
     assert [reasons.get(1 + 300 * i) for i in range(len(REPEATS))] == [
         "invalid_quantity",

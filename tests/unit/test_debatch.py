@@ -16,8 +16,8 @@ import pytest
 
 from initiator.debatch import Cut, Debatch
 from shared import inbox
-from shared.errors import FileRefused
-from shared.protocol import WorkHeader, decode_work
+from shared.errors import FileRefused, PoisonMessage
+from shared.protocol import REPEATS_SCHEMA, WorkHeader, decode_work, encode_table
 from shared.rules.batchfile import read_chunks
 from shared.rules.sample import generate
 from support.batchfiles import with_raw
@@ -117,3 +117,18 @@ def test_a_parquet_file_is_cut_into_items_of_its_rows(tmp_path: Path) -> None:
         file = pa.concat_tables(with_raw(chunk) for chunk in read_chunks(source, "parquet"))
     assert rows.drop_columns("repeat_of") == file
     assert rows["repeat_of"].to_pylist() == expected_repeats(file)
+
+
+def test_a_work_item_whose_payload_names_rows_outside_its_part_is_poison() -> None:
+    content = (HEADER + "".join(f"t{i},a,x,p,{i},\n" for i in range(2000))).encode()
+    blob, frames = inbox.in_memory(io.BytesIO(content), 4000)
+    cuts = list(Debatch(work_item_size=100).parts("b", "csv", frames, io.BytesIO(blob)))
+    part = cuts[1].part
+    assert part is not None
+    text = blob[part.start : part.end]
+    for rows in ([part.rows_before], [part.rows_before + cuts[1].rows + 1]):  # just before, just after
+        payload = encode_table(pa.table({"row": rows, "repeat_of": [1]}, schema=REPEATS_SCHEMA))
+        with pytest.raises(PoisonMessage, match="not its rows"):
+            decode_work(WorkHeader("b:1", "b", "pb", "tx", cuts[1].rows, part), payload, text)
+    with pytest.raises(PoisonMessage, match="row count"):
+        decode_work(WorkHeader("b:1", "b", "pb", "tx", cuts[1].rows + 1, part), cuts[1].payload, text)

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from shared import inbox
 from shared.errors import PoisonMessage
-from shared.rules.batchfile import read_chunks
+from shared.rules.batchfile import line_blocks, read_chunks
 
 
 def test_text_formats_are_framed_and_parquet_goes_as_it_is() -> None:
@@ -25,7 +25,7 @@ def test_text_formats_are_framed_and_parquet_goes_as_it_is() -> None:
 @given(st.lists(st.binary(max_size=300).map(lambda line: line.replace(b"\n", b"") + b"\n"), max_size=60))
 def test_frames_hold_whole_lines_and_read_back_as_the_file(lines: list[bytes]) -> None:
     content = b"".join(lines) + b"tail without a newline" * (len(lines) % 2)
-    frames = list(inbox.cut_frames(io.BytesIO(content), 100))
+    frames = list(line_blocks(io.BytesIO(content), 100))
     assert b"".join(frames) == content
     assert all(frame.endswith(b"\n") for frame in frames[:-1]) and all(frames)
     blob, index = inbox.in_memory(io.BytesIO(content), 100)
