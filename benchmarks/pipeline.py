@@ -439,8 +439,8 @@ def _timeline(run: PipelineRun, path: Path) -> None:
     done = p["completed_at"]
     spans = [
         ("client: check, hash, upload", 0.0, p.get("uploaded_at", p["accepted_at"])),
-        ("initiator: read, validate, send", p.get("uploaded_at", p["accepted_at"]), p.get("debatched_at", done)),
-        ("processors and controller: rate, record", p.get("first_item_sent_at", done), done),
+        ("initiator: read, mark repeats, send", p.get("uploaded_at", p["accepted_at"]), p.get("debatched_at", done)),
+        ("processors and controller: read, validate, rate, record", p.get("first_item_sent_at", done), done),
         ("billing submit --wait (what the user waits)", 0.0, run.submit_to_complete_seconds),
     ]
     figure, axes = plt.subplots(figsize=(10, 3))

@@ -60,7 +60,10 @@ def test_primary_outage_mid_run_completes_exactly_through_the_backlog(
         update={
             "storage_connection_string": SecretStr(primary.connection_string() or ""),
             "secondary_storage_connection_string": settings_env.storage_connection_string,
+            # 400 work items carrying their rows (claim-checked into whichever account takes the send), two
+            # sent at a time: the initiator is still sending when the primary goes away.
             "work_item_size": 100,
+            "work_item_rows": "message",
             "max_concurrent_sends": 2,
             "failover_interval": 1.0,
             "failover_probe_interval": 1.0,
