@@ -10,7 +10,6 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from functools import lru_cache
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -93,25 +92,13 @@ def rate_rows(header: WorkHeader, rows: pa.Table, price_book: PriceBook, tax_tab
     id is not a repeat (``repeat_of`` 0), the rejects, and the otherwise valid repeats rated one by one
     and held for the controller to tell duplicates (:mod:`shared.rules.duplicates`)."""
     valid, rejects = validate(rows, price_book, tax_table)
-    repeat_of = rows.column("repeat_of").to_numpy()
-    repeats = rows.column("row").to_numpy()[repeat_of > 0]
-    held_rows = np.isin(valid.column("row").to_numpy(), repeats)
-    if not held_rows.any():
-        return WorkItemResult(
-            header.work_item_id, header.batch_id, valid.num_rows, aggregate(valid, price_book, tax_table), rejects
-        )
-    counted, held = valid.filter(pa.array(~held_rows)), valid.filter(pa.array(held_rows))
-    in_rows = pc.is_in(rows.column("row"), value_set=held.column("row"))  # the chunk's order is valid's
-    of_held = rows.filter(in_rows)
+    repeats = rows.filter(pc.greater(rows.column("repeat_of"), 0))
+    holding = pc.is_in(valid.column("row"), value_set=repeats.column("row"))
+    counted, held = valid.filter(pc.invert(holding)), valid.filter(holding)
+    of_held = repeats.filter(pc.is_in(repeats.column("row"), value_set=held.column("row")))  # valid's order
     held_table = pa.Table.from_arrays(
         [of_held["row"], of_held["repeat_of"], raw_texts(of_held), *itemise(held, price_book, tax_table).columns],
         schema=HELD_SCHEMA,
     )
-    return WorkItemResult(
-        header.work_item_id,
-        header.batch_id,
-        counted.num_rows,
-        aggregate(counted, price_book, tax_table),
-        rejects,
-        held_table,
-    )
+    partials = aggregate(counted, price_book, tax_table)
+    return WorkItemResult(header.work_item_id, header.batch_id, counted.num_rows, partials, rejects, held_table)

@@ -124,11 +124,15 @@ class FirstOccurrences:
         starts = np.flatnonzero(np.r_[True, byte[1:] != byte[:-1]])
         self._filter[byte[starts]] |= np.bitwise_or.reduceat(np.left_shift(1, bit, dtype=np.uint8), starts)
         run = (h1, h2, rows)
-        while self._runs and len(self._runs[-1][0]) < 2 * len(run[0]):
-            if len(self._runs[-1][0]) + len(run[0]) > self._run_ids:
-                break
+        while self._runs and _mergeable(len(self._runs[-1][0]), len(run[0]), self._run_ids):
             run = _merged(self._runs.pop(), run)
         self._runs.append(run)
+
+
+def _mergeable(before: int, new: int, most: int) -> bool:
+    """Whether a run of ``new`` ids joins the one before it: that one is less than twice its size, and both
+    together hold at most ``most``."""
+    return before < 2 * new and before + new <= most
 
 
 def _merged(
