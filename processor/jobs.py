@@ -3,11 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import multiprocessing
-import os
-import threading
-import time
-from concurrent.futures import ProcessPoolExecutor
 from functools import lru_cache
 
 import pyarrow as pa
@@ -15,41 +10,12 @@ import pyarrow.compute as pc
 
 from shared.errors import InputError, PoisonMessage
 from shared.messaging.envelope import Envelope
-from shared.messaging.processes import pid_alive
 from shared.protocol import WorkHeader, WorkItemResult, decode_work, results_envelope
 from shared.rules.batchfile import raw_texts
 from shared.rules.rating import aggregate, itemise
 from shared.rules.reference import PriceBook, TaxTable, load_price_book, load_tax_table
 from shared.rules.schemas import HELD_SCHEMA
 from shared.rules.validation import validate
-
-
-def rating_pool(workers: int, *, owner_check: float = 1.0) -> ProcessPoolExecutor:
-    """A pool of ``workers`` rating processes, started now (not when the first work item waits for
-    them): forks of a fork server that imported this module once, each exiting with its owner."""
-    context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload([__name__])
-    pool = ProcessPoolExecutor(workers, mp_context=context, initializer=exit_with, initargs=(os.getpid(), owner_check))
-    for _ in range(workers):
-        pool.submit(_started)
-    return pool
-
-
-def _started() -> None:
-    """A task that does nothing: submitted once per worker, it makes the pool start them all."""
-
-
-def exit_with(owner: int, interval: float = 1.0) -> None:
-    """Worker initializer: exit once the process that owns the pool is gone, even SIGKILLed (a
-    killed owner cannot shut its pool down, and idle workers would otherwise wait forever)."""
-
-    def watch() -> None:
-        while True:
-            time.sleep(interval)
-            if not pid_alive(owner):
-                os._exit(0)
-
-    threading.Thread(target=watch, name="owner-watch", daemon=True).start()
 
 
 @lru_cache(maxsize=16)

@@ -6,7 +6,6 @@ import asyncio
 import logging
 import uuid
 from collections.abc import Mapping
-from concurrent.futures.process import BrokenProcessPool
 
 from azure.core.exceptions import ResourceNotFoundError
 from azure.storage.queue import QueueMessage
@@ -23,7 +22,8 @@ from shared.protocol import WorkHeader, notify_controller, parse_work_header
 from shared.refstore import PRICEBOOK, TAXES, ReferenceStore
 from shared.settings import Settings
 
-from .jobs import rate_work_items, rating_pool
+from .jobs import rate_work_items
+from .pool import RatingPool
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +39,7 @@ class Processor(Service):
         super().__init__(storage=storage, settings=settings, triggers=triggers, burst=burst)
         self.claim_check = ClaimCheck(storage, container=settings.work_container, limit=settings.max_message_bytes)
         self.references = ReferenceStore(storage, container=settings.reference_container)
-        self._pool = rating_pool(settings.cpu_workers)
+        self._pool = RatingPool(settings.cpu_workers)
         poison = PoisonQueue(
             storage, self.claim_check, on_poisoned=notify_controller(self.claim_check, settings.results_queue)
         )
@@ -70,7 +70,9 @@ class Processor(Service):
             return poisoned
         with telemetry.ending(spans):
             traces = [telemetry.carrier(span) for span in spans]
-            results, bad = await self._rate(items, references, traces)
+            # Should the retry on a new pool break too, the error hands the messages back: a work
+            # item that kills every worker it meets ends as poison.
+            results, bad = await self._pool.run(rate_work_items, items, references, traces)
             poisoned.update({rated[index].id: reason for index, reason in bad.items()})
             for index, reason in bad.items():
                 spans[index].set_status(StatusCode.ERROR, reason)
@@ -94,26 +96,6 @@ class Processor(Service):
         except ResourceNotFoundError as exc:
             raise PoisonMessage("missing_batch_file", f"inbox blob {part.blob} not found") from exc
         return data
-
-    async def _rate(
-        self,
-        items: list[tuple[WorkHeader, bytes, bytes]],
-        references: dict[str, bytes],
-        traces: list[dict[str, str]],
-    ) -> tuple[Envelope | None, dict[int, str]]:
-        """Rate in a worker process. A pool that lost a worker (killed, out of memory) is broken for
-        good: it is replaced by a new one and the work tried once more there; should that break too,
-        the error hands the messages back, and a work item that kills every worker ends as poison."""
-        pool = self._pool
-        loop = asyncio.get_running_loop()
-        try:
-            return await loop.run_in_executor(pool, rate_work_items, items, references, traces)
-        except BrokenProcessPool:
-            if self._pool is pool:  # the first dequeue task to see it replaces it
-                log.error("a rating worker died; starting %d new ones", self.settings.cpu_workers)
-                self._pool = rating_pool(self.settings.cpu_workers)
-                pool.shutdown(wait=False)
-            return await loop.run_in_executor(self._pool, rate_work_items, items, references, traces)
 
     async def aclose(self) -> None:
         await asyncio.to_thread(self._pool.shutdown)

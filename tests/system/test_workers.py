@@ -3,13 +3,16 @@ and one that dies (killed, out of memory) is replaced without losing or poisonin
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 from controller.store import Store
+from processor.pool import RatingPool
 from shared.rules.sample import generate
 from shared.settings import Settings
 from support.exact import assert_batch_exact, billing
@@ -17,11 +20,14 @@ from support.roles import Roles
 from support.waiting import wait_until
 
 OWNER = """
-import os, sys
-from processor.jobs import rating_pool
+import asyncio, os, sys
+from processor.pool import RatingPool
 
-pool = rating_pool(2, owner_check=0.2)
-print(*sorted({pool.submit(os.getpid).result() for _ in range(20)}), flush=True)
+async def pids(pool):
+    return set(await asyncio.gather(*(pool.run(os.getpid) for _ in range(20))))
+
+pool = RatingPool(2, owner_check=0.2)
+print(*sorted(asyncio.run(pids(pool))), flush=True)
 sys.stdin.read()  # until killed
 """
 
@@ -38,14 +44,44 @@ def children(pid: int) -> list[int]:
     return [int(child) for task in Path(f"/proc/{pid}/task").glob("*/children") for child in task.read_text().split()]
 
 
-def test_workers_exit_when_their_owner_is_killed() -> None:
-    owner = subprocess.Popen([sys.executable, "-c", OWNER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+def test_workers_exit_when_their_owner_is_killed(tmp_path: Path) -> None:
+    owner = subprocess.Popen(
+        [sys.executable, "-c", OWNER],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "TMPDIR": str(tmp_path)},  # where its spool is left
+    )
     assert owner.stdout is not None
     workers = [int(pid) for pid in owner.stdout.readline().split()]
     assert workers and all(alive(pid) for pid in workers) and owner.pid not in workers
     os.kill(owner.pid, signal.SIGKILL)
     owner.wait()
     assert wait_until(lambda: not any(alive(pid) for pid in workers), 10, interval=0.1), "orphaned rating workers"
+
+
+def dies_while_returning(marker: str, delay: float, size: int) -> bytes:
+    """A job whose worker SIGKILLs itself ``delay`` seconds after the job starts, the first time it is
+    tried (``marker`` then exists): the kill lands while the ``size``-byte result is being made,
+    written or handed back, or while the worker is idle after it."""
+    if not os.path.exists(marker):
+        Path(marker).touch()
+        threading.Timer(delay, os.kill, (os.getpid(), signal.SIGKILL)).start()
+    return bytes(size)
+
+
+async def test_a_worker_killed_at_any_moment_of_handing_back_a_large_result_never_hangs_the_pool(
+    tmp_path: Path,
+) -> None:
+    size = 16 << 20  # a result that takes a few milliseconds to hand back
+    pool = RatingPool(1)
+    try:
+        for attempt in range(25):
+            marker = str(tmp_path / str(attempt))
+            result = await asyncio.wait_for(pool.run(dies_while_returning, marker, attempt * 0.004, size), 60)
+            assert len(result) == size
+    finally:
+        pool.shutdown()
 
 
 def test_a_killed_rating_worker_is_replaced_and_the_batch_stays_exact(
