@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import logging
 import uuid
 from collections.abc import Mapping
 
@@ -24,8 +23,6 @@ from shared.settings import Settings
 
 from .jobs import rate_work_items
 from .pool import RatingPool
-
-log = logging.getLogger(__name__)
 
 
 class Processor(Service):
