@@ -54,7 +54,10 @@ class RatingPool:
                 self._executor = self._start()
                 executor.shutdown(wait=False)
             path = await loop.run_in_executor(self._executor, _spooled, self._spool, fn, *args)
-        return await asyncio.to_thread(_unspooled, path)
+        # Read on the event loop (a result is small, and in the page cache): reading on threads put the
+        # processor at 275 MiB peak RSS at 10 M rows, against 173 this way (glibc gives threads heaps of their own).
+        result: T = _unspooled(path)
+        return result
 
     def shutdown(self) -> None:
         """Stop the workers once they are done; remove the spool, and any result a killed worker left."""
