@@ -10,7 +10,9 @@ the listener) the last one exits too, and the listener makes only a slow, jitter
 every ``safety_poll_interval`` so a lost trigger never strands work.
 
 Work detected (a poll finds messages after idling, or :meth:`QueueListener.wake`) asks the scale
-rule for the number of tasks the queue depth deserves and starts the difference. Messages are
+rule for the number of tasks the queue depth deserves and starts the difference. Work that keeps
+coming does too: while receives return full batches below ``max_tasks``, the depth is read again
+every ``rescale_interval``, so a backlog that grew after the first look still scales up. Messages are
 deleted only after the handler returns (its output is durable by then); while they wait or are
 worked on, :class:`~shared.messaging.leases.Leases` renews their visibility. A message seen more
 than ``max_dequeue_count`` times, or one the handler declares poison, moves to the poison queue
@@ -69,6 +71,7 @@ class ListenerSettings:
     safety_poll_interval: float = 300.0
     delete_on_receive: bool = False
     prefetch: bool = True
+    rescale_interval: float = 1.0  # while full batches come, read the depth again at most this often
 
     @classmethod
     def from_settings(cls, settings: Settings, **overrides: Any) -> ListenerSettings:
@@ -206,6 +209,7 @@ class QueueListener:
         self._tasks: set[asyncio.Task[None]] = set()  # the dequeue tasks; only _task_done removes one
         self._leaving: set[asyncio.Task[None]] = set()  # those of them scaling down (ending now)
         self._failure: ConfigurationError | None = None
+        self._depth_known_at = -math.inf  # monotonic time of the last depth read or trigger
 
     @property
     def name(self) -> str:
@@ -304,6 +308,7 @@ class QueueListener:
 
     def _scale_to(self, depth: int) -> None:
         self._stats.queue_depth = depth
+        self._depth_known_at = time.monotonic()
         active = self._active()
         wanted = max(
             1, min(self._settings.max_tasks, self._scale_rule(Load(depth, self._stats.service_time), self._settings))
@@ -355,7 +360,7 @@ class QueueListener:
                         return
                     await self._sleep(idle_delay(idle, self._settings), wakeup=self._wakeup)
                     continue
-                if idle or probe:
+                if idle or probe or self._backlog_may_have_grown(len(messages)):
                     probe = False
                     await self._on_work_detected()
                 idle = 0
@@ -387,9 +392,17 @@ class QueueListener:
             return messages
         return []
 
+    def _backlog_may_have_grown(self, received: int) -> bool:
+        """A full batch, and the known depth is older than ``rescale_interval``: worth a new look."""
+        return (
+            received >= self._settings.dequeue_batch_size
+            and time.monotonic() - self._depth_known_at >= self._settings.rescale_interval
+        )
+
     async def _on_work_detected(self) -> None:
         if self._active() >= self._settings.max_tasks:
             return  # no room to scale up: the depth would change nothing, and reading it is a request
+        self._depth_known_at = time.monotonic()  # the other tasks' full batches need not read it too
         try:
             properties = await self._queue.get_queue_properties()
         except Exception as exc:

@@ -74,9 +74,12 @@ async def _until(predicate: Callable[[], object], seconds: float = 15.0) -> None
         await wait_until_async(predicate, interval=0.02)
 
 
-async def _send(storage: Storage, settings: Settings, count: int) -> None:
+async def _send(storage: Storage, settings: Settings, count: int, *, visible_after: int = 0) -> None:
+    """Send ``m0`` … ``m{count - 1}``; with ``visible_after``, each shows only that many seconds
+    after its send (the depth counts it at once), so however slowly the sends go, a poll finds the
+    whole backlog waiting."""
     queue = storage.queue(settings.requests_queue)
-    await asyncio.gather(*(queue.send_message(f"m{i}") for i in range(count)))
+    await asyncio.gather(*(queue.send_message(f"m{i}", visibility_timeout=visible_after) for i in range(count)))
 
 
 def _recorder(seen: list[str], delay: float = 0.0):  # type: ignore[no-untyped-def]
@@ -174,7 +177,7 @@ async def test_pull_mode_scales_up_on_detected_work_and_down_to_one(storage: Sto
     runner = asyncio.create_task(listener.run())
     await _until(lambda: listener.state().idle_polls >= 3)  # idling with its one task
     assert listener.state().active_tasks == 1
-    await _send(storage, settings_env, 300)
+    await _send(storage, settings_env, 300, visible_after=1)
     await _until(lambda: len(seen) == 300)
     assert listener.state().peak_tasks == 4  # 300 waiting → ⌈300 / 32⌉ = 10, capped at max_tasks
     await _until(lambda: listener.state().active_tasks == 1)  # idle tasks left, the last one stays
@@ -184,6 +187,22 @@ async def test_pull_mode_scales_up_on_detected_work_and_down_to_one(storage: Sto
     listener.stop()
     await runner
     assert sorted(seen) == sorted(f"m{i}" for i in range(300))
+
+
+async def test_pull_mode_scales_up_on_a_backlog_that_was_not_seen_arriving(
+    storage: Storage, settings_env: Settings
+) -> None:
+    """No idle poll comes before the work here (it waits when the listener starts, as after a
+    restart), so only full batches can show the backlog: they make the listener read the depth."""
+    await _send(storage, settings_env, 400)
+    seen: list[str] = []
+    listener = listener_on(storage, settings_env, _recorder(seen, 0.2), burst=False, max_tasks=4, **FAST_IDLE)
+    runner = asyncio.create_task(listener.run())
+    await _until(lambda: len(seen) == 400)
+    assert listener.state().peak_tasks == 4  # 400 waiting → ⌈400 / 32⌉ = 13, capped at max_tasks
+    listener.stop()
+    await runner
+    assert sorted(seen) == sorted(f"m{i}" for i in range(400))
 
 
 async def test_push_mode_scales_to_zero_and_up_on_a_trigger(storage: Storage, settings_env: Settings) -> None:
