@@ -9,10 +9,10 @@ import json
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from decimal import Decimal
 from pathlib import Path
+from typing import Any
 
 import pytest
 from pydantic import SecretStr
@@ -91,14 +91,23 @@ def test_primary_outage_mid_run_completes_exactly_through_the_backlog(
         wait_until(lambda: asyncio.run(_input_depth(settings)) >= 20, 60, interval=0.1)
         primary.restart(down_for=8)
         status = wait_until(lambda: _complete(settings, "outage"), 300, interval=1)
-        time.sleep(2.5)  # the roles' state files catch up
-        shown = subprocess.run(
-            [sys.executable, "-m", "billing", "status", "--json"], env=env, capture_output=True, text=True
-        )
-        live = json.loads(shown.stdout)
-    assert live["backlog"] == {queue: 0 for queue in settings.backlog_queues}
+
+        def settled() -> dict[str, Any] | None:
+            """``billing status --json`` once the backlog is empty and every route healthy again."""
+            shown = subprocess.run(
+                [sys.executable, "-m", "billing", "status", "--json"], env=env, capture_output=True, text=True
+            )
+            live: dict[str, Any] = json.loads(shown.stdout)
+            routes = [route for role in live["roles"] for route in role["failover"].values()]
+            drained = live["backlog"] == {queue: 0 for queue in settings.backlog_queues}
+            return live if drained and routes and all(r["health"] == "healthy" for r in routes) else None
+
+        # The batch can complete before the backlog is empty: a copy left there (of a send retried after a
+        # timeout, say) whose forward failed while the primary was down stays invisible for its visibility
+        # timeout, then the syphon forwards it and the repeat is absorbed. The roles' state files lag too.
+        live = wait_until(settled, 6 * settings.visibility_timeout, interval=1)
+    assert live is not None, "the backlog drained and every route is healthy again"
     routes = {dest: route for role in live["roles"] for dest, route in role["failover"].items()}
-    assert routes and all(route["health"] == "healthy" for route in routes.values())
     assert sum(route["failovers"] for route in routes.values()) > 0
     assert roles.returncodes == [0, 0, 0]
     assert status is not None and status.state == "complete", status
