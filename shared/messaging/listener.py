@@ -258,6 +258,7 @@ class QueueListener:
         self._wakes += 1
         self._wakeup.set()
         self._wakeup = asyncio.Event()
+        self._depth_known_at = time.monotonic()  # a trigger's depth is as good as a read
         self._scale_to(depth if depth is not None else self._settings.dequeue_batch_size)
 
     # Scaling: how many dequeue tasks run.
@@ -308,7 +309,6 @@ class QueueListener:
 
     def _scale_to(self, depth: int) -> None:
         self._stats.queue_depth = depth
-        self._depth_known_at = time.monotonic()
         active = self._active()
         wanted = max(
             1, min(self._settings.max_tasks, self._scale_rule(Load(depth, self._stats.service_time), self._settings))
