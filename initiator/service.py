@@ -39,7 +39,7 @@ log = logging.getLogger(__name__)
 
 #: glibc's malloc serves allocations from this size on by mmap, handed back whole when freed. Left to its
 #: sliding threshold, the duplicate check's runs (up to 16 MiB, reallocated with every chunk) fragment the
-#: heap: peak RSS at 10,000,000 rows measured 593 MiB without, 485 MiB with.
+#: heap and raise the initiator's peak RSS on large files (docs/performance.md gives the current peak).
 MMAP_THRESHOLD = 1 << 20
 _M_MMAP_THRESHOLD = -3  # mallopt's parameter number, <malloc.h>
 
@@ -78,7 +78,7 @@ class Initiator(Service):
         self.references = ReferenceStore(storage, container=settings.reference_container)
         self._sends = asyncio.Semaphore(settings.max_concurrent_sends)
         # Files are cut on one thread of their own: allocations spread over many threads keep a malloc
-        # arena of freed memory each (measured for 1M rows: 570-680 MiB peak RSS instead of 375-410).
+        # arena of freed memory each, which kept the peak RSS far higher.
         self._cutter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="debatch")
         # One request is a whole file: take one at a time, keep its lease renewed.
         self.listen(

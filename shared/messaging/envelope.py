@@ -4,7 +4,7 @@ A message is a small JSON object: its ``kind``, free-form ``headers``, the paylo
 and either the payload inline (base64) or a reference to the blob holding it. :class:`ClaimCheck`
 decides which: inline when the whole message stays under the queue's size limit, else a blob.
 A batch's blobs share one prefix (:func:`batch_blob`) so they can be deleted together once it is done.
-Inside a :mod:`~shared.tally` a message also carries the ``requests`` that produced it, and inside a
+Inside a :mod:`~shared.messaging.tally` a message also carries the ``requests`` that produced it, and inside a
 span its W3C ``trace`` context (:func:`shared.telemetry.carrier`; absent from older messages and when
 telemetry is off).
 """
@@ -46,7 +46,7 @@ def batch_blob(batch_id: str, *parts: str) -> str:
 @dataclass(frozen=True)
 class Envelope:
     """A decoded message: what it is, its headers, its payload bytes, the storage requests
-    stamped on it (what it cost to produce, see :mod:`shared.tally`) and the trace context it
+    stamped on it (what it cost to produce, see :mod:`shared.messaging.tally`) and the trace context it
     carried (see :mod:`shared.telemetry`)."""
 
     kind: str

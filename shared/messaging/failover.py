@@ -7,7 +7,7 @@ to a backlog queue of the secondary account, chosen at random among ``backlog_qu
 ``<destination>\\n<message>``.
 While failed over, the primary is probed again every ``failover_probe_interval`` (by the next send,
 or by :meth:`Failover.probe` for a destination nobody sends to); the first success makes the
-destination healthy. A syphon (:mod:`shared.syphon`) forwards backlog messages to their
+destination healthy. A syphon (:mod:`shared.messaging.syphon`) forwards backlog messages to their
 destination once the primary answers. Receivers read only the primary; order is not kept across a
 failover, and a send that timed out yet landed may arrive twice (the controller absorbs repeats).
 

@@ -69,7 +69,7 @@ class Service:
         **overrides: Any,
     ) -> QueueListener:
         """Add a listener on ``queue``, one of the role's ``queues`` listeners (see
-        :func:`~shared.listener.listener_settings`); ``overrides`` adjust its settings. A queue of
+        :func:`~shared.messaging.listener.listener_settings`); ``overrides`` adjust its settings. A queue of
         another account (``storage``) is polled: triggers only name the primary's queues."""
         push = self.triggers is not None and storage is None
         listener = QueueListener(

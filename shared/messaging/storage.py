@@ -72,7 +72,7 @@ class RequestCounter:
     def __init__(self) -> None:
         self.counts: Counter[str] = Counter()
         self.by_resource: Counter[str] = Counter()
-        #: How many of the requests were made for a batch of messages (see :mod:`shared.tally`).
+        #: How many of the requests were made for a batch of messages (see :mod:`shared.messaging.tally`).
         self.attributed = 0
 
     def add(self, kind: str, resource: str) -> None:

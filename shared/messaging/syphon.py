@@ -1,6 +1,6 @@
 """The syphon: forwards backlog messages from the secondary account to their primary queue.
 
-Backlog queues fill while a destination is failed over (:mod:`shared.failover`). One listener per
+Backlog queues fill while a destination is failed over (:mod:`shared.messaging.failover`). One listener per
 backlog queue hands each received batch to :meth:`Syphon.forward`, which sends every message to its
 destination on the primary; the listener deletes them only after that succeeded, so a forward that
 fails leaves the message in the backlog for the next attempt (a repeat is absorbed downstream).

@@ -1,4 +1,4 @@
-"""Vectorised rating (``BILLING_SPEC.md``, "Rating one transaction"), exact to the minor unit.
+"""Vectorised rating (``docs/billing-rules.md``, "Rating one transaction"), exact to the minor unit.
 
 Amounts are integers: quantities and prices in micro-units (10^-6), money in minor units. A row's
 ``quantity × price`` reaches 10^27 micro², beyond int64, so it is split into 10^6-sized limbs whose

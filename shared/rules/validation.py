@@ -1,6 +1,6 @@
-"""Vectorised row validation (``BILLING_SPEC.md``, "Parsing details" and "Rejections").
+"""Vectorised row validation (``docs/billing-rules.md``, "Parsing" and "Rejections").
 
-Decisions where the spec leaves room:
+Decisions where the rules leave room:
 
 - Timestamps: year 0001–9999, month 01–12, a day that exists in that month (Gregorian leap
   years), hour 00–23, minute and second 00–59 (no leap second), offset ``±HH:MM`` with HH 00–23 and
@@ -10,7 +10,7 @@ Decisions where the spec leaves room:
   ``timestamp_without_timezone``.
 - Fractions longer than 6 digits are kept exact for rating: ``timestamp_us`` is the instant
   truncated to the microsecond, except that an instant strictly between 19:59:59.999999 and
-  20:00:00 UTC becomes 20:00:00.000000. Peak ends at 19:59:59.999999 (spec), so such an instant is
+  20:00:00 UTC becomes 20:00:00.000000. Peak ends at 19:59:59.999999 (the rules), so such an instant is
   off-peak; with that one adjustment, peak/off-peak, weekday and billing day computed from
   ``timestamp_us`` equal those of the full-precision instant.
 """

@@ -511,8 +511,8 @@ def test_migration_0006_adds_to_aggregates_stored_before_it(sql_url: str) -> Non
 
 
 def test_store_apply_benchmark_runs_at_a_small_size(tmp_path: Path) -> None:
-    """``benchmarks.store_apply`` end to end on a generated 20,000-row file (the 1,000,000-row figures in the
-    README are measured by hand): it cuts, rates and applies the batch to completion, in two group sizes."""
+    """``benchmarks.store_apply`` end to end on a generated 20,000-row file (the 1,000,000-row figures are
+    measured by hand): it cuts, rates and applies the batch to completion, in two group sizes."""
     source = tmp_path / "batch.csv"
     generate(20_000, source, seed=3)
     options = ["--groups", "1,4", "--repeat", "1", "--work-item-size", "1000"]

@@ -1,4 +1,4 @@
-"""Streaming batch-file readers: every CSV, JSON Lines and Parquet rule of BILLING_SPEC.md."""
+"""Streaming batch-file readers: every CSV, JSON Lines and Parquet rule of docs/billing-rules.md."""
 
 from __future__ import annotations
 

@@ -58,7 +58,7 @@ def _servicebus(
 
 def __getattr__(name: str) -> Any:
     """``ServiceBusTriggerBus`` on first use: the Service Bus SDK loads only where a bus is used
-    (``billing submit`` starts ~0.2 s sooner without it)."""
+    (``billing submit`` starts sooner without it)."""
     if name == "ServiceBusTriggerBus":
         from .servicebus import ServiceBusTriggerBus
 

@@ -1,7 +1,7 @@
 """Two Service Bus namespaces for triggers (whitepaper ``004``, send availability, for hints).
 
 Publishing goes to the primary namespace; once the primary has failed for the failover interval
-(the same :class:`~shared.failover.Route` as storage sends) it goes to the secondary, and back after
+(the same :class:`~shared.messaging.failover.Route` as storage sends) it goes to the secondary, and back after
 a successful probe. Subscribers listen on both namespaces, so a hint published either way arrives.
 A trigger that cannot be sent anywhere is logged and dropped: a hint never blocks a sender, and the
 listeners' safety poll finds the work anyway. ServerBusy never fails over (the bus pauses itself).
