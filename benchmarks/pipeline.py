@@ -32,10 +32,10 @@ from rich.table import Table
 from billing import cost
 from billing.demo import role_processes
 from billing.stack import AzuriteStack
-from controller.store import BatchStatus, Store
 from shared.messaging.service import STATE_INTERVAL
 from shared.rules.sample import generate, write_price_book, write_tax_table
 from shared.settings import Settings
+from store import BatchStatus, Store
 
 from . import listener as listenbench
 from .cpu import tree_cpu_seconds

@@ -2,7 +2,7 @@
 
 Fills an empty PostgreSQL database (``--sql-url``; the store migrates it) with ``--rows`` aggregate rows in SQL
 (``generate_series``): ``--accounts`` accounts, one complete batch per billing day of a year, a few products,
-USD and JPY. Then times ``controller.queries.invoices`` for one account and one month, ``--repeat`` times over
+USD and JPY. Then times ``store.queries.invoices`` for one account and one month, ``--repeat`` times over
 different accounts, and keeps the query plan of one of them. The target is 100 ms at 10,000,000 rows.
 
     python -m benchmarks.queries --sql-url postgresql+psycopg://user@host/db --rows 10000000 --output q.json
@@ -19,9 +19,8 @@ from typing import Any
 import click
 import sqlalchemy as sa
 
-from controller import queries
-from controller.queries import Filters
-from controller.store import Store
+from store import Store, queries
+from store.queries import Filters
 
 DAYS = 365
 _CHUNK = 1_000_000

@@ -20,7 +20,6 @@ from pathlib import Path
 
 import click
 
-from controller.store import Store
 from initiator.debatch import Debatch
 from processor.jobs import rate_work_items
 from shared import inbox
@@ -28,6 +27,7 @@ from shared.protocol import Manifest, WorkHeader, WorkItemResult, parse_results
 from shared.rules.reference import load_price_book, load_tax_table
 from shared.rules.sample import sample_price_book_bytes, sample_tax_table_bytes
 from shared.settings import Settings
+from store import Store
 
 BATCH = "bench"
 

@@ -31,8 +31,8 @@ from . import client, cost, poison
 from .stack import AzuriteStack, resolve
 
 if TYPE_CHECKING:
-    from controller import reports
     from shared.messaging.runtime import RoleFactory
+    from store import reports
 
 console = Console(stderr=True)
 ROLES = ("initiator", "processor", "controller")
@@ -159,7 +159,7 @@ def submit(
         submitted.append(outcome.batch_id)
     incomplete = False
     if wait and submitted:
-        from controller.store import Store  # SQLAlchemy, only now: the batches are already on their way
+        from store import Store  # SQLAlchemy, only now: the batches are already on their way
 
         from . import progress
 
@@ -192,8 +192,8 @@ async def _submit_all(
 def status(batch_id: str | None, as_json: bool) -> None:
     """Show one batch's state, or every batch, the running roles (dequeue tasks, storage requests,
     failover state per destination) and, with a secondary account, its backlog."""
-    from controller.store import Store
     from shared.messaging.runtime import role_states
+    from store import Store
 
     settings = Settings()
     with Store(settings.sql_url_value) as store:
@@ -257,9 +257,8 @@ def report(
     """Print or write a report: of one batch (--batch ID), or summed over every complete batch (or the
     batches named) under the filters. net, tax and total are exact integers in minor units (cents for USD)
     in table, csv, json and parquet; html (one self-contained file, with charts) shows currency units."""
-    from controller import reports  # pandas and the report writers: only for the commands that report
-    from controller.queries import Filters
-    from controller.store import Store
+    from store import Store, reports  # pandas and the report writers: only for the commands that report
+    from store.queries import Filters
 
     try:
         filters = Filters(accounts, products, currencies, batch_ids, start and start.date(), end and end.date(), period)

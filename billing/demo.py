@@ -17,10 +17,9 @@ import pandas as pd
 from rich.console import Console
 from rich.table import Table
 
-from controller import reports
-from controller.store import Store
 from shared.rules.sample import generate, write_price_book, write_tax_table
 from shared.settings import Settings
+from store import Store, reports
 
 from . import client, progress
 from .stack import resolve

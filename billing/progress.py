@@ -9,7 +9,7 @@ import click
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from controller.store import FINAL_STATES, BatchStatus, Store
+from store import FINAL_STATES, BatchStatus, Store
 
 
 def wait_with_progress(

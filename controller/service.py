@@ -40,8 +40,7 @@ from shared.protocol import (
     parse_results,
 )
 from shared.settings import Settings
-
-from .store import Store
+from store import Store
 
 log = logging.getLogger(__name__)
 

@@ -20,13 +20,12 @@ from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, Field
 
-from controller import queries
-from controller.queries import Filters
-from controller.reports import format_quantity
-from controller.store import Store
 from shared.messaging.runtime import role_states
 from shared.messaging.storage import Storage
 from shared.settings import Settings, poison_queue_name
+from store import Store, queries
+from store.queries import Filters
+from store.reports import format_quantity
 
 from .. import cost, poison
 

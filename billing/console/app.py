@@ -15,10 +15,10 @@ from fastapi.responses import JSONResponse
 from fastapi.staticfiles import StaticFiles
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 
-from controller.store import Store
 from shared.errors import BillingError
 from shared.logs import redact
 from shared.settings import Settings
+from store import Store
 
 from . import api, pages
 

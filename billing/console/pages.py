@@ -17,9 +17,9 @@ from urllib.parse import urlencode
 from fastapi import APIRouter, Form, HTTPException, Path, Query, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
-from controller import queries
-from controller.queries import Filters
 from shared.messaging.runtime import role_states
+from store import queries
+from store.queries import Filters
 
 from .. import poison
 from . import charts, render

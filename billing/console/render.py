@@ -13,8 +13,8 @@ from typing import Any
 import jinja2
 import pandas as pd
 
-from controller.queries import Filters
 from shared.rules.reference import CURRENCY_DIGITS
+from store.queries import Filters
 
 from . import charts
 

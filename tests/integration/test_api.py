@@ -19,8 +19,8 @@ from hypothesis import HealthCheck, settings
 from schemathesis.checks import not_a_server_error
 
 from billing.console.app import LOOPBACK_HOSTS, create_app
-from controller.store import Store
 from shared.settings import Settings
+from store import Store
 from support.reports import BIG, HOSTILE, fill
 
 

@@ -12,11 +12,11 @@ import aiohttp
 import pytest
 
 from controller.service import Controller
-from controller.store import Store
 from shared.errors import ConfigurationError
 from shared.messaging import health
 from shared.messaging.storage import Storage
 from shared.settings import Settings
+from store import Store
 from support.postgres import PostgresServer
 from support.waiting import wait_until_async
 

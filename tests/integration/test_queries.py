@@ -1,4 +1,4 @@
-"""Queries across batches (``controller.queries``) and ``billing report``'s filters, on SQLite and PostgreSQL.
+"""Queries across batches (``store.queries``) and ``billing report``'s filters, on SQLite and PostgreSQL.
 
 Stores are filled with the store's own ``apply`` from ``support.records`` builders: for the cross-batch
 invoices, with the reference model's aggregates of real sample batch files (rated row by row, nothing from
@@ -21,11 +21,10 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from controller import queries, reports
-from controller.queries import Filters
-from controller.store import Store
 from shared.protocol import PoisonNotice
 from shared.rules.sample import generate
+from store import Store, queries, reports
+from store.queries import Filters
 from support.benchmarks import run_benchmark
 from support.exact import expected, read_raw
 from support.records import manifest, partial, result

@@ -13,9 +13,8 @@ from pathlib import Path
 import pytest
 
 from benchmarks.store_apply import BATCH, rated
-from controller import reports
-from controller.store import Store
 from shared.rules.sample import generate, sample_price_book_bytes, sample_tax_table_bytes
+from store import Store, reports
 from support.exact import expected, read_raw, sorted_records
 from support.records import manifest
 

@@ -19,10 +19,9 @@ import pytest
 import sqlalchemy as sa
 from alembic.script import ScriptDirectory
 
-from controller import reports
-from controller.schema import held
-from controller.store import MIGRATIONS, SCHEMA_REVISION, Store
 from shared.protocol import PoisonNotice
+from store import MIGRATIONS, SCHEMA_REVISION, Store, reports
+from store.schema import held
 from support.records import held_row, manifest, partial, result
 
 BIG = 9 * 10**18  # three of these pass 2^63
@@ -364,7 +363,7 @@ def test_migrations_are_idempotent_and_safe_concurrently(sql_url: str) -> None:
 def test_a_store_at_the_newest_revision_opens_without_alembic(sql_url: str) -> None:
     assert ScriptDirectory(str(MIGRATIONS)).get_current_head() == SCHEMA_REVISION
     Store(sql_url).close()  # migrated
-    opened = "import sys; from controller.store import Store; Store(sys.argv[1]).close()"
+    opened = "import sys; from store import Store; Store(sys.argv[1]).close()"
     opened += "; print('alembic' in sys.modules)"
     result = subprocess.run([sys.executable, "-c", opened, sql_url], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "False"

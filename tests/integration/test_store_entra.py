@@ -16,8 +16,8 @@ import pytest
 import sqlalchemy as sa
 from azure.identity import ManagedIdentityCredential
 
-from controller.store import ENTRA_POSTGRES_SCOPE, Store
 from shared.errors import InfrastructureError
+from store import ENTRA_POSTGRES_SCOPE, Store
 from support.identity import IdentityPlatform, make_certificates
 from support.postgres import PostgresServer
 

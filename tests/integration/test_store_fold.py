@@ -18,11 +18,12 @@ import sqlalchemy as sa
 from alembic import command
 from alembic.config import Config
 
-from controller import reports
-from controller.schema import aggregates, batches, held, work_items
-from controller.store import MIGRATIONS, Store, _fold, _FoldCache, _Folded, _keys, _partials
 from shared.protocol import PoisonNotice, WorkItemResult
 from shared.rules.sample import generate
+from store import MIGRATIONS, Store, reports
+from store.cache import FoldCache, Folded
+from store.fold import fold, keys, partials
+from store.schema import aggregates, batches, held, work_items
 from support import records
 from support.benchmarks import run_benchmark
 from support.records import held_row, manifest, result
@@ -30,7 +31,7 @@ from support.records import held_row, manifest, result
 
 def partials_of(results: list[WorkItemResult]) -> pa.Table:
     """The results' partials as the store folds them."""
-    return _partials([(r.batch_id, r.partials) for r in results])
+    return partials([(r.batch_id, r.partials) for r in results])
 
 
 ACCOUNTS = [f"acct-{i}" for i in range(5)]
@@ -136,12 +137,12 @@ def test_the_cached_aggregates_add_key_by_key_like_a_fold_of_everything() -> Non
     items = [edge_result(rng, f"b1-w{i}") for i in range(120)]
     everything = partials_of(items)
     done = 5
-    folded = _Folded(_fold(partials_of(items[:done])))  # as read
+    folded = Folded(fold(partials_of(items[:done])))  # as read
     while done < len(items):
         call = items[done : done + rng.randint(1, 3)]  # repeated keys within a call, too
         done += len(call)
         folded.add(folded.plus(partials_of(call)))
-        want = _fold(everything.slice(0, sum(r.partials.num_rows for r in items[:done])))
+        want = fold(everything.slice(0, sum(r.partials.num_rows for r in items[:done])))
         assert len(folded) == want.num_rows
         assert folded.plus(zeroed(want)).table.equals(want)
 
@@ -156,16 +157,16 @@ def zeroed(table: pa.Table) -> pa.Table:
 
 def test_two_keys_are_one_string_only_when_they_are_one_key() -> None:
     names = ["", "a", "b", "1", "a\x00b", "b\x001", "\x00", "1\x00a", "é", "é\x00", "11"]
-    keys = [(account, product, day) for account in names for product in names for day in (-1, 0, 1, 11)]
+    wanted = [(account, product, day) for account in names for product in names for day in (-1, 0, 1, 11)]
     table = pa.table(
         {
-            "account_id": [account for account, _, _ in keys],
-            "product": [product for _, product, _ in keys],
-            "billing_day": pa.array([day for _, _, day in keys], pa.int32()).cast(pa.date32()),
+            "account_id": [account for account, _, _ in wanted],
+            "product": [product for _, product, _ in wanted],
+            "billing_day": pa.array([day for _, _, day in wanted], pa.int32()).cast(pa.date32()),
         }
     )
-    assert len(set(_keys(table))) == len(keys)
-    again = _keys(pa.concat_tables([table.slice(len(keys) // 2, 1)] * 2))
+    assert len(set(keys(table))) == len(wanted)
+    again = keys(pa.concat_tables([table.slice(len(wanted) // 2, 1)] * 2))
     assert again[0] == again[1]
 
 
@@ -448,13 +449,13 @@ class _refusing_updates:
 
 def test_the_fold_cache_keeps_recent_unsettled_batches_within_its_bound(tmp_path: Path) -> None:
     """What the cache gives back, over a real (empty) SQLite database: its entry, or what is stored (nothing)."""
-    tables = {b: _fold(partials_of([result(f"{b}-w", partial("x"), partial("y"), batch_id=b)])) for b in "abcd"}
-    tables["big"] = _fold(partials_of([result("big-w", *(partial(f"acct-{i}") for i in range(6)), batch_id="big")]))
-    entries = {b: _Folded(table.slice(0, 0)) for b, table in tables.items()}
+    tables = {b: fold(partials_of([result(f"{b}-w", partial("x"), partial("y"), batch_id=b)])) for b in "abcd"}
+    tables["big"] = fold(partials_of([result("big-w", *(partial(f"acct-{i}") for i in range(6)), batch_id="big")]))
+    entries = {b: Folded(table.slice(0, 0)) for b, table in tables.items()}
     written = {b: (entries[b], entries[b].plus(table)) for b, table in tables.items()}
     rows = {b: {"state": "processing", "fold_token": f"t-{b}", "completed_items": 1} for b in tables}
     with Store(f"sqlite:///{tmp_path / 'billing.db'}") as store, store.engine.begin() as conn:
-        cache = _FoldCache(limit=5)
+        cache = FoldCache(limit=5)
         cache.committed({b: rows[b] for b in "ab"}, {b: written[b] for b in "ab"})
         assert cache.stored(conn, "a", ("t-a", 1)) is entries["a"]  # now the most recently used
         assert len(entries["a"]) == tables["a"].num_rows

@@ -3,7 +3,7 @@ past 2^63, two currencies, and a batch whose reject carries markup; built with `
 
 from __future__ import annotations
 
-from controller.store import Store
+from store import Store
 from support.records import manifest, partial, result
 
 BIG = 9 * 10**18  # two of these pass 2^63

@@ -13,10 +13,10 @@ from pathlib import Path
 from pydantic import SecretStr
 
 from billing import client, progress
-from controller.store import Store
 from shared.messaging.storage import request_kind
 from shared.rules.sample import generate
 from shared.settings import Settings
+from store import Store
 from support.azurite import running_azurite
 from support.exact import billing
 from support.roles import Roles

@@ -10,10 +10,10 @@ import json
 from pathlib import Path
 
 from billing import client
-from controller.store import Store
 from shared.messaging.storage import Storage
 from shared.rules.sample import generate
 from shared.settings import Settings
+from store import Store
 from support.roles import Roles
 
 

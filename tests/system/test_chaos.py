@@ -17,9 +17,9 @@ import pytest
 
 from billing.cli import ROLES
 from billing.stack import AzuriteStack
-from controller.store import FINAL_STATES, BatchStatus, Store
 from shared.rules.sample import generate
 from shared.settings import Settings
+from store import FINAL_STATES, BatchStatus, Store
 from support.azurite import running_azurite
 from support.exact import billing, expected, read_raw, report, sorted_records
 from support.postgres import PostgresServer

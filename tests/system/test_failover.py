@@ -18,10 +18,10 @@ import pytest
 from pydantic import SecretStr
 
 from billing.stack import AzuriteStack
-from controller.store import BatchStatus, Store
 from shared.messaging.storage import Storage
 from shared.rules.sample import generate
 from shared.settings import Settings
+from store import BatchStatus, Store
 from support.azurite import running_azurite
 from support.backlog import backlog
 from support.exact import expected, read_raw, report, sorted_records

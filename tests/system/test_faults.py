@@ -16,9 +16,9 @@ import pytest
 from pydantic import SecretStr
 
 from billing import client, progress
-from controller.store import BatchStatus, Store
 from shared.rules.sample import generate
 from shared.settings import Settings
+from store import BatchStatus, Store
 from support.exact import expected, read_raw, report, sorted_records
 from support.fault_proxy import KINDS, SERVICES, FaultProxy
 from support.roles import Roles

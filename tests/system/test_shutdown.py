@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from controller.store import BatchStatus, Store
 from shared.rules.sample import generate
 from shared.settings import Settings
+from store import BatchStatus, Store
 from support.exact import billing, expected, read_raw, report, sorted_records
 from support.roles import Roles
 from support.waiting import wait_until

@@ -11,10 +11,10 @@ import sys
 import threading
 from pathlib import Path
 
-from controller.store import Store
 from processor.pool import RatingPool
 from shared.rules.sample import generate
 from shared.settings import Settings
+from store import Store
 from support.exact import assert_batch_exact, billing
 from support.roles import Roles
 from support.waiting import wait_until, wait_until_async

@@ -1,4 +1,4 @@
-"""The controller's SQL tables (SQLAlchemy Core) and the exact column types they use.
+"""The store's SQL tables (SQLAlchemy Core) and the exact column types they use.
 
 Money is stored in minor units as ``NUMERIC(38, 0)``, quantity as ``NUMERIC(38, 6)``: exact, and far
 beyond 64-bit integers. SQLite has no exact wide numeric type (its NUMERIC affinity turns big values into
@@ -180,7 +180,7 @@ held = sa.Table(
     *_sums(),
 )
 
-# The cross-batch report filters (controller.queries; migration 0005).
+# The cross-batch report filters (store.queries; migration 0005).
 sa.Index("ix_aggregates_account_day", aggregates.c.account_id, aggregates.c.billing_day)
 sa.Index("ix_aggregates_product_day", aggregates.c.product, aggregates.c.billing_day)
 sa.Index("ix_aggregates_day", aggregates.c.billing_day)

@@ -27,8 +27,8 @@ from typing import Any, Literal
 
 import sqlalchemy as sa
 
+from .core import Store
 from .schema import EXACT, aggregates, batches, rejects, work_items
-from .store import Store
 
 Dimension = Literal["batch_id", "account_id", "product", "billing_day", "billing_period", "currency"]
 DIMENSIONS: tuple[Dimension, ...] = ("batch_id", "account_id", "product", "billing_day", "billing_period", "currency")

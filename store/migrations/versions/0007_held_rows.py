@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-from controller.schema import money_type, quantity_type
+from store.schema import money_type, quantity_type
 
 revision: str = "0007"
 down_revision: str | None = "0006"

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-from controller.schema import UTCDateTime, money_type, quantity_type
+from store.schema import UTCDateTime, money_type, quantity_type
 
 revision: str = "0001"
 down_revision: str | None = None

@@ -1,4 +1,4 @@
-"""Alembic environment for the controller's store; run programmatically by ``Store.migrate()``.
+"""Alembic environment for the SQL store; run programmatically by ``Store.migrate()``.
 
 The caller passes an open connection (already inside a transaction that holds the migration lock) in
 ``config.attributes["connection"]``; offline (SQL script) mode is not supported.
@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from alembic import context
 
-from controller.schema import metadata
+from store.schema import metadata
 
 connection = context.config.attributes.get("connection")
 if connection is None or context.is_offline_mode():
-    raise RuntimeError("controller migrations run through Store.migrate() with a connection")
+    raise RuntimeError("store migrations run through Store.migrate() with a connection")
 
 context.configure(connection=connection, target_metadata=metadata, render_as_batch=connection.dialect.name == "sqlite")
 with context.begin_transaction():

@@ -1,4 +1,4 @@
-"""Indexes for the cross-batch report filters (controller.queries): account and period, product, day; state.
+"""Indexes for the cross-batch report filters (store.queries): account and period, product, day; state.
 
 Revision ID: 0005
 Revises: 0004

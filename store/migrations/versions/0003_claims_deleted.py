@@ -1,8 +1,7 @@
-"""Each batch's fold token: changed on every write of its aggregates, so a store's cache of them can tell
-it is still current (see ``controller.store``).
+"""When each batch's claim-check blobs were deleted.
 
-Revision ID: 0006
-Revises: 0005
+Revision ID: 0003
+Revises: 0002
 Create Date: 2026-11-23
 """
 
@@ -13,17 +12,19 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-revision: str = "0006"
-down_revision: str | None = "0005"
+from store.schema import UTCDateTime
+
+revision: str = "0003"
+down_revision: str | None = "0002"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
 
 def upgrade() -> None:
     with op.batch_alter_table("batches") as batch:
-        batch.add_column(sa.Column("fold_token", sa.String(32), nullable=True))
+        batch.add_column(sa.Column("claims_deleted_at", UTCDateTime(), nullable=True))
 
 
 def downgrade() -> None:
     with op.batch_alter_table("batches") as batch:
-        batch.drop_column("fold_token")
+        batch.drop_column("claims_deleted_at")

@@ -1,4 +1,4 @@
-"""Reports of one batch or across batches (`controller.queries`), as pandas frames written as a table, CSV,
+"""Reports of one batch or across batches (`store.queries`), as pandas frames written as a table, CSV,
 JSON or Parquet.
 
 Money columns (``net``, ``tax``, ``total``) hold Python ints (object dtype), never floats, whatever their
@@ -22,10 +22,10 @@ import sqlalchemy as sa
 from shared.errors import InputError
 
 from . import queries
+from .core import Store
 from .queries import Filters
 from .schema import EXACT
 from .schema import rejects as rejects_table
-from .store import Store
 
 MONEY_COLUMNS = ("net", "tax", "total")
 AGGREGATE_COLUMNS = ["account_id", "product", "billing_day", "currency", "transactions", "quantity", *MONEY_COLUMNS]
@@ -40,7 +40,7 @@ _FORMULA_PREFIXES = ("=", "+", "-", "@", "\t", "\r")
 
 def aggregates(source: Store | sa.Engine, selection: str | Filters) -> pd.DataFrame:
     """Aggregates per (account_id, product, billing_day, currency), sorted by that key: of one batch (its id),
-    or summed over the batches ``selection`` (:class:`~controller.queries.Filters`) counts."""
+    or summed over the batches ``selection`` (:class:`~store.queries.Filters`) counts."""
     return _report(queries.aggregates_of(source, _filters(selection)), selection, AGGREGATE_COLUMNS)
 
 

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-from controller.schema import UTCDateTime
+from store.schema import UTCDateTime
 
 revision: str = "0004"
 down_revision: str | None = "0003"

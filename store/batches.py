@@ -1,0 +1,189 @@
+"""Batches and their states: what a batch row holds, and how a batch moves from state to state.
+
+A batch is :attr:`BatchState.processing` until every work item is accounted for; then
+:attr:`~BatchState.complete` (all recorded) or :attr:`~BatchState.failed` (at least one work item was
+poisoned; replaying it from the poison queue can still complete the batch); :attr:`~BatchState.refused`
+when the initiator refused the file, even after some of its work items were recorded: then nothing of
+it is counted. ``complete`` and ``refused`` never change. A batch whose work items are all in has
+``completed_at`` and ``latency_seconds`` (``completed_at - accepted_at``) set.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from enum import StrEnum
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql, sqlite
+
+from shared.protocol import Manifest
+
+from .schema import batches
+
+
+class BatchState(StrEnum):
+    """A batch's state, stored as its value (a ``StrEnum``: equal to, and written as, that text)."""
+
+    processing = "processing"
+    complete = "complete"
+    failed = "failed"
+    refused = "refused"
+
+
+#: States a batch rests in (only a replay of its poisoned items moves a ``failed`` batch on).
+FINAL_STATES = frozenset({BatchState.complete, BatchState.failed, BatchState.refused})
+#: States in which a batch's aggregates never change again.
+SETTLED = frozenset({BatchState.complete, BatchState.refused})
+
+
+@dataclass(frozen=True)
+class BatchStatus:
+    """One batch's progress as stored."""
+
+    batch_id: str
+    source: str
+    state: BatchState
+    rows: int
+    accepted: int
+    rejected: int
+    work_items: int | None
+    completed_items: int
+    poisoned_items: int
+    transactions_recorded: int
+    pricebook_hash: str | None
+    taxes_hash: str | None
+    refused_reason: str | None
+    accepted_at: datetime | None
+    uploaded_at: datetime | None
+    first_item_sent_at: datetime | None
+    last_item_sent_at: datetime | None
+    debatched_at: datetime | None
+    completed_at: datetime | None
+    latency_seconds: float | None
+    requests: int
+    updated_at: datetime
+    claims_deleted_at: datetime | None
+
+    @property
+    def requests_per_1000(self) -> float | None:
+        """Requests made for the batch per 1,000 accepted transactions (None before its manifest)."""
+        return round(self.requests * 1000 / self.accepted, 3) if self.accepted else None
+
+    def to_json_dict(self) -> dict[str, Any]:
+        """JSON-safe values: ISO 8601 datetimes, latency as a float; with ``requests_per_1000``."""
+        return {
+            **{
+                key: value.isoformat() if isinstance(value, datetime) else value
+                for key, value in dataclasses.asdict(self).items()
+            },
+            "state": self.state.value,
+            "requests_per_1000": self.requests_per_1000,
+        }
+
+
+@dataclass(frozen=True)
+class ApplyOutcome:
+    """What one ``Store.apply`` call recorded."""
+
+    new_items: int
+    duplicate_items: int
+    completed_batches: list[str] = field(default_factory=list)
+    failed_batches: list[str] = field(default_factory=list)
+    #: Seconds from accepted to complete of each completed batch (those with a manifest).
+    latency_seconds: dict[str, float] = field(default_factory=dict)
+
+
+#: What a batch row holds before anything is known of the batch but its id.
+_NEW_BATCH_ROW = dict(
+    source="",
+    state=BatchState.processing.value,
+    rows=0,
+    accepted=0,
+    rejected=0,
+    work_items=None,
+    completed_items=0,
+    poisoned_items=0,
+    transactions_recorded=0,
+    requests=0,
+)
+#: The statements every apply runs, built once (SQLAlchemy then compiles each once, too).
+_NEW_BATCH = {
+    name: insert(batches).on_conflict_do_nothing(index_elements=["batch_id"])
+    for name, insert in (("postgresql", postgresql.insert), ("sqlite", sqlite.insert))
+}
+_LOCK_BATCHES = (
+    sa.select(batches)
+    .where(batches.c.batch_id.in_(sa.bindparam("batch_ids", expanding=True)))
+    .order_by(batches.c.batch_id)
+    .with_for_update()
+)
+_UPDATE_BATCH = sa.update(batches).where(batches.c.batch_id == sa.bindparam("row_batch_id"))
+
+
+def lock_batches(conn: sa.Connection, batch_ids: list[str], now: datetime) -> dict[str, dict[str, Any]]:
+    """Create missing batch rows (state ``processing``), then lock all of them in id order."""
+    conn.execute(
+        _NEW_BATCH[conn.dialect.name], [{**_NEW_BATCH_ROW, "batch_id": b, "updated_at": now} for b in batch_ids]
+    )
+    return {row["batch_id"]: dict(row) for row in conn.execute(_LOCK_BATCHES, {"batch_ids": batch_ids}).mappings()}
+
+
+def fill_from_manifest(row: dict[str, Any], manifest: Manifest) -> None:
+    """What a batch's manifest tells of it, into its row."""
+    row.update(
+        source=manifest.source,
+        rows=manifest.rows,
+        work_items=manifest.work_items,
+        pricebook_hash=manifest.pricebook_hash,
+        taxes_hash=manifest.taxes_hash,
+        refused_reason=manifest.refused,
+        accepted_at=manifest.accepted_at,
+        uploaded_at=manifest.uploaded_at,
+        first_item_sent_at=manifest.first_item_sent_at,
+        last_item_sent_at=manifest.last_item_sent_at,
+        debatched_at=manifest.debatched_at,
+    )
+
+
+def count(row: dict[str, Any], accepted: int, rejected: int) -> None:
+    """Add rows accepted (counted in the aggregates) and rejected to a batch's row."""
+    row["accepted"] += accepted
+    row["transactions_recorded"] += accepted
+    row["rejected"] += rejected
+
+
+def next_state(row: Mapping[str, Any]) -> BatchState | None:
+    """The final state a batch moves to now that every work item is accounted for, if it moves (``failed``
+    may still become ``complete`` when its poisoned items are replayed)."""
+    if row["state"] in SETTLED:
+        return None
+    if row["refused_reason"] is not None:
+        state = BatchState.refused
+    elif row["work_items"] is None or row["completed_items"] + row["poisoned_items"] < row["work_items"]:
+        return None
+    else:
+        state = BatchState.failed if row["poisoned_items"] else BatchState.complete
+    return None if state == row["state"] else state
+
+
+def settle(row: dict[str, Any], state: BatchState, now: datetime) -> None:
+    """Move a batch to a final state (see :func:`next_state`)."""
+    row["state"] = state.value
+    row["completed_at"] = now
+    row["latency_seconds"] = (now - row["accepted_at"]).total_seconds() if row["accepted_at"] else None
+
+
+def update_batch(conn: sa.Connection, row: dict[str, Any], now: datetime) -> None:
+    """Write a batch's row as it now is."""
+    values = {k: v for k, v in row.items() if k != "batch_id"} | {"updated_at": now}
+    conn.execute(_UPDATE_BATCH, {**values, "row_batch_id": row["batch_id"]})
+
+
+def status(row: sa.RowMapping) -> BatchStatus:
+    """A batch row as a :class:`BatchStatus`."""
+    values = {f.name: row[f.name] for f in dataclasses.fields(BatchStatus)}
+    return BatchStatus(**{**values, "state": BatchState(values["state"])})

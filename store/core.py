@@ -1,0 +1,356 @@
+"""The SQL store: records manifests and partial aggregates idempotently, and tracks batch progress.
+
+One :meth:`Store.apply` is one transaction: it locks the batch rows it touches (:mod:`store.engine`),
+records work items, rejects and held rows (:mod:`store.items`), adds the partial aggregates exactly
+(:mod:`store.fold`; on SQLite from the fold cache, :mod:`store.cache`) and moves batches on
+(:mod:`store.batches`). The ``work_items`` primary key makes double counting impossible even if the
+row locks were bypassed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from types import TracebackType
+from typing import Any, Self
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import sqlalchemy as sa
+from azure.core.credentials import TokenCredential
+
+from shared.protocol import Manifest, PoisonNotice, WorkItemResult
+
+from . import migrate as migrations
+from .batches import (
+    ApplyOutcome,
+    BatchState,
+    BatchStatus,
+    count,
+    fill_from_manifest,
+    lock_batches,
+    next_state,
+    settle,
+    status,
+    update_batch,
+)
+from .cache import FoldCache, Written, stamp
+from .engine import open_engine, writing
+from .fold import AGGREGATE_KEY, AGGREGATE_VALUES, SUMMED, fold, partials, sql_values
+from .items import (
+    CHUNK,
+    chunks,
+    forget_counts,
+    fresh_token,
+    insert_held,
+    insert_rejects,
+    insert_work_items,
+    recorded_work_items,
+    resolve_held,
+)
+from .schema import batches, work_items
+
+#: Sets a fold's sums on SQLite, binding the canonical decimal text Arrow wrote (no conversion per value).
+_SQLITE_UPSERT = (
+    f"INSERT INTO aggregates ({', '.join(AGGREGATE_KEY + AGGREGATE_VALUES)}) "
+    f"VALUES ({', '.join('?' * len(AGGREGATE_KEY + AGGREGATE_VALUES))}) "
+    f"ON CONFLICT ({', '.join(AGGREGATE_KEY)}) DO UPDATE SET "
+    + ", ".join(f"{name} = excluded.{name}" for name in SUMMED)
+)
+_PG_TYPES = {"billing_day": "date", "transactions": "bigint", **dict.fromkeys(SUMMED[1:], "numeric")}
+#: One PostgreSQL statement adds a whole fold (one array per column) to the stored sums.
+_PG_UPSERT = sa.text(
+    f"INSERT INTO aggregates ({', '.join(AGGREGATE_KEY + AGGREGATE_VALUES)}) SELECT * FROM unnest("
+    + ", ".join(f"CAST(:{name} AS {_PG_TYPES.get(name, 'text')}[])" for name in AGGREGATE_KEY + AGGREGATE_VALUES)
+    + f") ON CONFLICT ({', '.join(AGGREGATE_KEY)}) DO UPDATE SET "
+    + ", ".join(f"{name} = aggregates.{name} + excluded.{name}" for name in SUMMED)
+)
+
+
+class Store:
+    """The pipeline's SQL store (SQLite or PostgreSQL); migrates itself to the latest schema on open."""
+
+    def __init__(self, url: str, *, migrate: bool = True, credential: TokenCredential | None = None) -> None:
+        """Open the store at ``url``. PostgreSQL logs in with a Microsoft Entra token from
+        ``credential`` when one is given, or from ``DefaultAzureCredential`` when the URL names an
+        Azure Database for PostgreSQL server and no password (the keyless way on Azure)."""
+        self.url, self._engine = open_engine(url, credential)
+        self._folds = FoldCache()  # stays empty on PostgreSQL: it adds to the stored sums in SQL
+        if migrate:
+            self.migrate()
+
+    @property
+    def engine(self) -> sa.Engine:
+        """The SQLAlchemy engine (for reports)."""
+        return self._engine
+
+    @property
+    def dialect(self) -> str:
+        """``sqlite`` or ``postgresql``."""
+        return self._engine.dialect.name
+
+    def migrate(self) -> None:
+        """Upgrade the schema to Alembic ``head``; a no-op when current, safe when run by several processes."""
+        migrations.migrate(self._engine, self.url)
+
+    def revision(self) -> str | None:
+        """The schema revision the database is at (None before the first migration)."""
+        return migrations.revision(self._engine)
+
+    def ping(self) -> None:
+        """One round trip to the database (raises when it cannot be reached)."""
+        with self._engine.connect() as conn:
+            conn.execute(sa.text("SELECT 1"))
+
+    def close(self) -> None:
+        """Release every pooled connection."""
+        self._engine.dispose()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    # -- writes ---------------------------------------------------------------------------------------
+
+    def apply(
+        self,
+        manifests: Sequence[Manifest],
+        results: Sequence[WorkItemResult],
+        poisoned: Sequence[PoisonNotice] = (),
+        *,
+        requests: Mapping[str, int] | None = None,
+    ) -> ApplyOutcome:
+        """Record manifests, work item results and poison notices in ONE transaction, idempotently,
+        and add ``requests`` (batch id → requests made for it) to the batches' counts.
+
+        A work item already recorded is skipped entirely; a manifest already recorded changes nothing.
+        Results may precede their manifest: the batch then waits in ``processing`` with unknown size.
+        A poisoned work item counts as accounted for (its batch ends ``failed``) until its result
+        arrives after a replay: it is then recorded like any other and the batch can still complete.
+        A work item's rejects are recorded with it, its ``accepted`` and ``rejected`` rows added to the batch's,
+        its held rows (possible duplicates) kept aside until the batch completes: then the first of each
+        repeated id is counted where its first occurrence was rejected, the others rejected as duplicates.
+        A refused manifest deletes whatever of its batch was already counted (aggregates, rejects, held rows,
+        the counts); later results of a refused batch are recorded but never counted.
+        The partials of all new work items are added up in Arrow and written with one upsert statement.
+        """
+        incoming = _Incoming.of(manifests, results, poisoned)
+        if not incoming.batch_ids:
+            return ApplyOutcome(new_items=0, duplicate_items=0)
+        now = datetime.now(UTC)
+        try:
+            with writing(self._engine) as conn:
+                rows = lock_batches(conn, incoming.batch_ids, now)
+                before = {batch_id: dict(row) for batch_id, row in rows.items()}
+                _take_manifests(conn, rows, incoming.manifests.values())
+                recorded = _record_work_items(conn, rows, incoming, now)
+                counted = _count_results(conn, rows, recorded)
+                for batch_id, made in (requests or {}).items():
+                    rows[batch_id]["requests"] += made
+                settling = {batch_id: state for batch_id, row in rows.items() if (state := next_state(row))}
+                kept = [(b, resolve_held(conn, rows[b])) for b, s in settling.items() if s == BatchState.complete]
+                added = partials([(r.batch_id, r.partials) for r in counted] + kept)
+                merged = self._merge_aggregates(conn, added, rows, before)
+                completed, failed = _write_batches(conn, rows, before, settling, now)
+        except BaseException:
+            self._folds.drop(incoming.batch_ids)  # rolled back, or committed maybe: read again
+            raise
+        self._folds.committed(rows, merged)
+        new_items = len(recorded.new) + len(recorded.recovered)
+        return ApplyOutcome(
+            new_items=new_items,
+            duplicate_items=len(results) - new_items,
+            completed_batches=completed,
+            failed_batches=failed,
+            latency_seconds={
+                b: rows[b]["latency_seconds"] for b in completed if rows[b]["latency_seconds"] is not None
+            },
+        )
+
+    def _merge_aggregates(
+        self,
+        conn: sa.Connection,
+        added: pa.Table,
+        rows: Mapping[str, dict[str, Any]],
+        before: Mapping[str, Mapping[str, Any]],
+    ) -> dict[str, Written]:
+        """Add ``added`` (of :func:`~store.fold.partials`) into ``aggregates`` exactly, in one write, and give each
+        batch added to a fresh fold token (in ``rows``). On PostgreSQL the partials are folded per key and added in
+        SQL (``NUMERIC``); on SQLite (decimal text) in Arrow, to the stored aggregates of the keys they touch, from
+        each batch's stored aggregates as they were (``before``), cached or read once: those and the sums written
+        are returned."""
+        if not added.num_rows:
+            return {}
+        batch_ids = sorted(pc.unique(added["batch_id"]).to_pylist())
+        for batch_id in batch_ids:
+            rows[batch_id]["fold_token"] = fresh_token()
+        if conn.dialect.name == "postgresql":
+            folded = fold(added)
+            conn.execute(_PG_UPSERT, {name: sql_values(folded[name]) for name in folded.column_names})
+            return {}
+        merged = {}
+        for batch_id in batch_ids:
+            of_batch = added if len(batch_ids) == 1 else added.filter(pc.equal(added["batch_id"], batch_id))
+            stored = self._folds.stored(conn, batch_id, stamp(before[batch_id]))
+            merged[batch_id] = (stored, stored.plus(of_batch))
+        touched = pa.concat_tables([summed.table for _, summed in merged.values()])
+        values = zip(*map(sql_values, touched.columns), strict=True)
+        for chunk in chunks(values, CHUNK):  # a few rows at a time: no pile of young tuples
+            conn.exec_driver_sql(_SQLITE_UPSERT, chunk)
+        return merged
+
+    def mark_claims_deleted(self, batch_id: str) -> None:
+        """Record that ``batch_id``'s claim-check blobs are gone."""
+        with writing(self._engine) as conn:
+            update = sa.update(batches).where(batches.c.batch_id == batch_id)
+            conn.execute(update.values(claims_deleted_at=datetime.now(UTC)))
+
+    # -- reads ----------------------------------------------------------------------------------------
+
+    def batch(self, batch_id: str) -> BatchStatus | None:
+        """One batch's status, or None if nothing is known about it yet."""
+        with self._engine.connect() as conn:
+            row = conn.execute(sa.select(batches).where(batches.c.batch_id == batch_id)).mappings().first()
+        return None if row is None else status(row)
+
+    def batches(self) -> list[BatchStatus]:
+        """Every batch, oldest accepted first (batches still waiting for their manifest last)."""
+        with self._engine.connect() as conn:
+            found = [status(row) for row in conn.execute(sa.select(batches)).mappings()]
+        return sorted(found, key=lambda s: (s.accepted_at is None, s.accepted_at or s.updated_at, s.batch_id))
+
+    def claims_to_delete(self, settled_before: datetime) -> list[str]:
+        """Batches ``complete`` or ``refused`` (nothing will read their claim checks again) since
+        before ``settled_before`` whose claim-check blobs are still there."""
+        query = sa.select(batches.c.batch_id).where(
+            batches.c.state.in_((BatchState.complete.value, BatchState.refused.value)),
+            batches.c.updated_at < settled_before,
+            batches.c.claims_deleted_at.is_(None),
+        )
+        with self._engine.connect() as conn:
+            return list(conn.scalars(query.order_by(batches.c.updated_at)))
+
+
+@dataclass(frozen=True)
+class _Incoming:
+    """One apply's input: the first manifest of each batch, the first result of each work item, the last poison
+    notice of each work item that has no result here, and every batch they name (in id order)."""
+
+    manifests: dict[str, Manifest]
+    results: dict[str, WorkItemResult]
+    notices: dict[str, PoisonNotice]
+    batch_ids: list[str]
+
+    @classmethod
+    def of(
+        cls, manifests: Sequence[Manifest], results: Sequence[WorkItemResult], poisoned: Sequence[PoisonNotice]
+    ) -> _Incoming:
+        first_manifests: dict[str, Manifest] = {}
+        for manifest in manifests:
+            first_manifests.setdefault(manifest.batch_id, manifest)
+        first_results: dict[str, WorkItemResult] = {}
+        for result in results:
+            first_results.setdefault(result.work_item_id, result)
+        notices = {n.work_item_id: n for n in reversed(poisoned) if n.work_item_id not in first_results}
+        batch_ids = sorted(
+            set(first_manifests) | {r.batch_id for r in first_results.values()} | {n.batch_id for n in notices.values()}
+        )
+        return cls(first_manifests, first_results, notices, batch_ids)
+
+
+@dataclass(frozen=True)
+class _Recorded:
+    """The work items an apply records: results new to the store, results of items poisoned before (now
+    recovered), and poison notices of items not recorded before."""
+
+    new: list[WorkItemResult]
+    recovered: list[WorkItemResult]
+    poisoned: list[PoisonNotice]
+
+
+def _take_manifests(conn: sa.Connection, rows: Mapping[str, dict[str, Any]], manifests: Iterable[Manifest]) -> None:
+    """Fill each batch's row from its manifest unless it has one already; a refused batch forgets its counts."""
+    for manifest in manifests:
+        row = rows[manifest.batch_id]
+        if row["work_items"] is None:
+            fill_from_manifest(row, manifest)
+            if manifest.refused is not None:
+                forget_counts(conn, row)
+
+
+def _record_work_items(
+    conn: sa.Connection, rows: Mapping[str, dict[str, Any]], incoming: _Incoming, now: datetime
+) -> _Recorded:
+    """Record the work items not recorded yet (results, and poisoned ones), and the results of items recorded as
+    poisoned; count the poisoned items on their batches' rows."""
+    recorded = recorded_work_items(conn, [*incoming.results, *incoming.notices])
+    found = _Recorded(
+        new=[r for r in incoming.results.values() if r.work_item_id not in recorded],
+        recovered=[r for r in incoming.results.values() if recorded.get(r.work_item_id) is not None],
+        poisoned=[n for n in incoming.notices.values() if n.work_item_id not in recorded],
+    )
+    records = [
+        {"work_item_id": r.work_item_id, "batch_id": r.batch_id, "transactions": r.transactions, "recorded_at": now}
+        for r in found.new
+    ] + [
+        {
+            "work_item_id": n.work_item_id,
+            "batch_id": n.batch_id,
+            "transactions": 0,
+            "recorded_at": now,
+            "poison_reason": n.reason,
+        }
+        for n in found.poisoned
+    ]
+    insert_work_items(conn, records)
+    for result in found.recovered:
+        conn.execute(
+            sa.update(work_items)
+            .where(work_items.c.work_item_id == result.work_item_id)
+            .values(transactions=result.transactions, recorded_at=now, poison_reason=None)
+        )
+        rows[result.batch_id]["poisoned_items"] -= 1
+    for notice in found.poisoned:
+        rows[notice.batch_id]["poisoned_items"] += 1
+    return found
+
+
+def _count_results(
+    conn: sa.Connection, rows: Mapping[str, dict[str, Any]], recorded: _Recorded
+) -> list[WorkItemResult]:
+    """Count the recorded results on their batches' rows, and keep their rejects and held rows, except those of
+    refused batches (recorded, never counted); the results counted are returned."""
+    results = recorded.new + recorded.recovered
+    counted = [r for r in results if rows[r.batch_id]["refused_reason"] is None]
+    for result in results:
+        rows[result.batch_id]["completed_items"] += 1
+    for result in counted:
+        count(rows[result.batch_id], result.transactions, result.rejects.num_rows)
+    insert_rejects(conn, [(r.batch_id, r.rejects) for r in counted])
+    insert_held(conn, [(r.batch_id, r.held) for r in counted])
+    return counted
+
+
+def _write_batches(
+    conn: sa.Connection,
+    rows: Mapping[str, dict[str, Any]],
+    before: Mapping[str, Mapping[str, Any]],
+    settling: Mapping[str, BatchState],
+    now: datetime,
+) -> tuple[list[str], list[str]]:
+    """Settle the batches that move to a final state, write every row that changed; the batches that became
+    ``complete`` and those that became ``failed`` are returned."""
+    moved: dict[str, list[str]] = {BatchState.complete: [], BatchState.failed: []}
+    for batch_id, row in rows.items():
+        if batch_id in settling:
+            settle(row, settling[batch_id], now)
+        if row != before[batch_id]:
+            update_batch(conn, row, now)
+            if row["state"] != before[batch_id]["state"]:
+                moved.get(row["state"], []).append(batch_id)
+    return moved[BatchState.complete], moved[BatchState.failed]

@@ -1,0 +1,96 @@
+"""The engine a store runs on: SQLite or PostgreSQL, the Microsoft Entra login, write transactions.
+
+Concurrency: every write locks the rows it changes first (``SELECT ... FOR UPDATE`` on PostgreSQL;
+``BEGIN IMMEDIATE`` on SQLite, which serialises writers), so read-modify-write never loses an update.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+from azure.core.credentials import TokenCredential
+
+from shared.errors import ConfigurationError, InfrastructureError
+
+#: Azure Database for PostgreSQL server names; their Microsoft Entra login takes a token for this scope.
+AZURE_POSTGRES = ".postgres.database.azure.com"
+ENTRA_POSTGRES_SCOPE = "https://ossrdbms-aad.database.windows.net/.default"
+#: The execution option that makes a SQLite transaction ``BEGIN IMMEDIATE`` (see :func:`writing`).
+IMMEDIATE = "billing_sqlite_immediate"
+
+
+def open_engine(url: str, credential: TokenCredential | None = None) -> tuple[sa.URL, sa.Engine]:
+    """The parsed URL and an engine for it. PostgreSQL logs in with a Microsoft Entra token from
+    ``credential`` when one is given, or from ``DefaultAzureCredential`` when the URL names an Azure
+    Database for PostgreSQL server and no password (the keyless way on Azure)."""
+    parsed = normalise_url(url)
+    if credential is None and is_azure_postgres(parsed):
+        from azure.identity import DefaultAzureCredential
+
+        credential = DefaultAzureCredential()
+    return parsed, create_engine(parsed, credential)
+
+
+def normalise_url(url: str) -> sa.URL:
+    """Parse the URL; plain ``postgresql://`` means psycopg 3 (the driver this project installs)."""
+    try:
+        parsed = sa.make_url(url)
+    except sa.exc.ArgumentError as exc:
+        raise ConfigurationError(f"invalid SQL URL: {exc}") from exc
+    if parsed.drivername in ("postgresql", "postgres"):
+        parsed = parsed.set(drivername="postgresql+psycopg")
+    if parsed.get_backend_name() not in ("sqlite", "postgresql"):
+        raise ConfigurationError(f"unsupported SQL backend {parsed.get_backend_name()!r} (sqlite or postgresql)")
+    return parsed
+
+
+def is_azure_postgres(url: sa.URL) -> bool:
+    """Whether ``url`` names an Azure Database for PostgreSQL server and no password."""
+    return url.get_backend_name() == "postgresql" and url.password is None and (url.host or "").endswith(AZURE_POSTGRES)
+
+
+def create_engine(url: sa.URL, credential: TokenCredential | None = None) -> sa.Engine:
+    """PostgreSQL with pre-ping (and, with ``credential``, an Entra token as each new connection's
+    password); SQLite in WAL mode, 30 s busy timeout, transactions begun explicitly."""
+    if url.get_backend_name() == "postgresql":
+        engine = sa.create_engine(url, pool_pre_ping=True)
+        if credential is not None:
+
+            @sa.event.listens_for(engine, "do_connect")
+            def _with_token(_dialect: Any, _record: Any, _args: Any, params: dict[str, Any]) -> None:
+                params["password"] = credential.get_token(ENTRA_POSTGRES_SCOPE).token  # cached until near expiry
+
+        return engine
+    if url.database and url.database != ":memory:" and not url.database.startswith("file:"):
+        Path(url.database).parent.mkdir(parents=True, exist_ok=True)
+    engine = sa.create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
+
+    @sa.event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+        dbapi_connection.isolation_level = None  # pysqlite must not BEGIN on its own; see _on_begin
+        cursor = dbapi_connection.cursor()
+        cursor.execute("PRAGMA busy_timeout = 30000")
+        cursor.execute("PRAGMA journal_mode = WAL")
+        cursor.close()
+
+    @sa.event.listens_for(engine, "begin")
+    def _on_begin(conn: sa.Connection) -> None:
+        conn.exec_driver_sql("BEGIN IMMEDIATE" if conn.get_execution_options().get(IMMEDIATE) else "BEGIN")
+
+    return engine
+
+
+@contextmanager
+def writing(engine: sa.Engine) -> Iterator[sa.Connection]:
+    """A write transaction (``BEGIN IMMEDIATE`` on SQLite); connection failures become InfrastructureError."""
+    try:
+        with engine.connect() as conn:
+            conn.execution_options(**{IMMEDIATE: True})
+            with conn.begin():
+                yield conn
+    except sa.exc.OperationalError as exc:
+        raise InfrastructureError(f"SQL store unavailable: {exc}") from exc

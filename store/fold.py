@@ -1,0 +1,128 @@
+"""Exact arithmetic on aggregates in Arrow: partial aggregates summed per key (:func:`fold`), added to
+stored ones (:func:`plus`), never wrapping on overflow (:func:`sum_fits`).
+
+An aggregate's key is (batch, account, product, billing day); its values are a currency and sums.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from decimal import localcontext
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from shared.rules.schemas import PARTIAL_SCHEMA
+
+from .schema import EXACT
+
+AGGREGATE_KEY = ("batch_id", "account_id", "product", "billing_day")
+AGGREGATE_VALUES = ("currency", "transactions", "quantity", "net", "tax", "total")
+SUMMED = AGGREGATE_VALUES[1:]
+#: How aggregate columns are held in Arrow while folding.
+ARROW_TYPES = {**{f.name: f.type for f in PARTIAL_SCHEMA}, "batch_id": pa.string(), "billing_day": pa.date32()}
+#: A fold's table (see :func:`fold`).
+FOLD_SCHEMA = pa.schema([(name, ARROW_TYPES[name]) for name in AGGREGATE_KEY + AGGREGATE_VALUES])
+
+#: An aggregate's key within its batch (see :func:`keys`).
+Key = str
+
+
+def partials(tables: Sequence[tuple[str, pa.Table]]) -> pa.Table:
+    """Partial aggregates (``PARTIAL_SCHEMA`` tables, by batch) as one table with a ``batch_id`` column and
+    ``billing_day`` as a date (checked); a null sum raises ``ValueError``."""
+    if not tables:
+        return FOLD_SCHEMA.empty_table()
+    table = pa.concat_tables([partial for _, partial in tables])
+    for name in SUMMED:
+        if table[name].null_count:
+            raise ValueError(f"partial aggregates with a null {name}")
+    batch_ids = pa.chunked_array([pa.repeat(batch_id, partial.num_rows) for batch_id, partial in tables], pa.string())
+    day = table.schema.get_field_index("billing_day")
+    return table.set_column(day, "billing_day", table["billing_day"].cast(pa.date32())).add_column(
+        0, "batch_id", batch_ids
+    )
+
+
+def fold(table: pa.Table) -> pa.Table:
+    """``table``'s rows summed per aggregate key, exactly, in key order (key, first currency not null, sums).
+
+    Arrow's integer and decimal sums wrap silently on overflow, so a column whose sum might not fit its
+    type is summed in a wider one; a sum that does not fit the stored type then raises ``ValueError``.
+    """
+    summed = {}
+    for name in SUMMED:
+        column = table[name]
+        summed[name] = column if sum_fits(column) else column.cast(_wider(column.type))
+    kept = {name: table[name] for name in (*AGGREGATE_KEY, "currency")}
+    grouped = (
+        pa.table({**kept, **summed})
+        .group_by(list(AGGREGATE_KEY), use_threads=False)
+        .aggregate([("currency", "first"), *((name, "sum") for name in SUMMED)])
+    )
+    folded = pa.table(
+        {
+            **{key: grouped[key] for key in AGGREGATE_KEY},
+            "currency": grouped["currency_first"],
+            **{name: grouped[f"{name}_sum"].cast(table.schema.field(name).type) for name in SUMMED},
+        }
+    )
+    return folded.sort_by([(key, "ascending") for key in AGGREGATE_KEY])
+
+
+def plus(added: pa.Table, stored: Mapping[str, pa.Array]) -> pa.Table:
+    """``added``'s aggregates plus the ``stored`` columns, row by row, exactly, with the stored currency where there
+    is one; a sum that does not fit its column's type raises ``ValueError``."""
+    summed = {}
+    for name in SUMMED:
+        column, kind = added[name], added.schema.field(name).type
+        if pa.types.is_decimal(kind):  # a sum of two has one digit more: added in a type with room for it
+            wide = pa.decimal256(kind.precision + 1, kind.scale)
+            summed[name] = pc.add(column.cast(wide), stored[name].cast(wide)).cast(kind)
+        else:
+            summed[name] = pc.add_checked(column, stored[name])
+    return pa.table(
+        {
+            **{key: added[key] for key in AGGREGATE_KEY},
+            "currency": pc.coalesce(stored["currency"], added["currency"]),
+            **summed,
+        }
+    )
+
+
+def keys(table: pa.Table) -> list[Key]:
+    """The key within its batch of each of ``table``'s aggregates, as one string (hashed once, unlike a tuple): the
+    account's length, the account, the product and the day's number, joined by NUL. The day's number holds no NUL
+    and the length tells where the account ends, so two keys are one string only when they are one key."""
+    account, day = table["account_id"], table["billing_day"].cast(pa.int32()).cast(pa.string())
+    length = pc.utf8_length(account).cast(pa.string())
+    found: list[Key] = pc.binary_join_element_wise(length, account, table["product"], day, "\0").to_pylist()
+    return found
+
+
+def sum_fits(column: pa.ChunkedArray) -> bool:
+    """Whether Arrow sums any rows of ``column`` without overflow: rows × largest magnitude within its type."""
+    bounds = pc.min_max(column)
+    low, high = bounds["min"].as_py(), bounds["max"].as_py()
+    if low is None:
+        return True
+    kind = column.type
+    if not pa.types.is_decimal(kind):
+        largest: int = max(abs(low), abs(high))
+        return len(column) * largest < 2**63
+    with localcontext(EXACT):
+        largest = int(max(abs(low), abs(high)).scaleb(kind.scale))
+    limit: int = 10**kind.precision
+    return len(column) * largest < limit
+
+
+def _wider(kind: pa.DataType) -> pa.DataType:
+    """A type no sum of fewer than 2^63 values of ``kind`` can overflow."""
+    return pa.decimal256(76, kind.scale) if pa.types.is_decimal(kind) else pa.decimal128(38, 0)
+
+
+def sql_values(column: pa.ChunkedArray) -> list[Any]:
+    """Python values to bind: ints stay ints; decimals and dates become their canonical text."""
+    values: list[Any] = (column if pa.types.is_integer(column.type) else column.cast(pa.string())).to_pylist()
+    return values
