@@ -123,7 +123,7 @@ batches = sa.Table(
     sa.Column("debatched_at", UTCDateTime(), nullable=True),
     sa.Column("completed_at", UTCDateTime(), nullable=True),
     sa.Column("latency_seconds", sa.Float, nullable=True),
-    # Storage and Service Bus requests made for the batch (see shared.tally), counted as it runs.
+    # Storage and Service Bus requests made for the batch (see shared.messaging.tally), counted as it runs.
     sa.Column("requests", sa.BigInteger, nullable=False, server_default="0"),
     sa.Column("updated_at", UTCDateTime(), nullable=False),
     # When the batch's claim-check blobs were deleted (see Controller.clean_up).
