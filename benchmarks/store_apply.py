@@ -27,7 +27,7 @@ from shared.protocol import Manifest, WorkHeader, WorkItemResult, parse_results
 from shared.rules.reference import load_price_book, load_tax_table
 from shared.rules.sample import sample_price_book_bytes, sample_tax_table_bytes
 from shared.settings import Settings
-from store import Store
+from store import BatchState, Store
 
 BATCH = "bench"
 
@@ -70,7 +70,7 @@ def apply_cpu(messages: list[list[WorkItemResult]], group: int) -> float:
             store.apply([], [result for message in messages[start : start + group] for result in message])
         spent = time.process_time() - started
         status = store.batch(BATCH)
-    if status is None or status.state != "complete":
+    if status is None or status.state != BatchState.complete:
         raise click.ClickException(f"the batch did not complete: {status}")
     return spent
 

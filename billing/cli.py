@@ -159,7 +159,7 @@ def submit(
         submitted.append(outcome.batch_id)
     incomplete = False
     if wait and submitted:
-        from store import Store  # SQLAlchemy, only now: the batches are already on their way
+        from store import BatchState, Store  # SQLAlchemy, only now: the batches are already on their way
 
         from . import progress
 
@@ -167,7 +167,7 @@ def submit(
             statuses = progress.wait_with_progress(store, submitted, console=console, timeout=timeout)
         for status in statuses:
             progress.print_summary(status)
-        incomplete = any(status.state != "complete" for status in statuses)
+        incomplete = any(status.state != BatchState.complete for status in statuses)
     if len(submitted) < len(files):
         sys.exit(2)
     if incomplete:

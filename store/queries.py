@@ -27,6 +27,7 @@ from typing import Any, Literal
 
 import sqlalchemy as sa
 
+from .batches import BatchState
 from .core import Store
 from .schema import EXACT, aggregates, batches, rejects, work_items
 
@@ -74,7 +75,7 @@ class Filters:
 
 @dataclass(frozen=True, order=True)
 class BatchRef:
-    """A batch and its state when the query ran."""
+    """A batch and its state when the query ran (a :class:`BatchState` value, or ``unknown``)."""
 
     batch_id: str
     state: str
@@ -121,7 +122,7 @@ def totals(
             query = query.limit(limit)
         rows = [_row(r._mapping, key) for r in conn.execute(query)]
         included = sorted({batch_id for row in rows for batch_id in row["batches"]})
-        states = _states(conn, included) if filters.batches else dict.fromkeys(included, "complete")
+        states = _states(conn, included) if filters.batches else dict.fromkeys(included, BatchState.complete.value)
         excluded = [] if filters.batches else _excluded(conn, filters, sqlite)
     return Result(key, rows, [BatchRef(b, states.get(b, "unknown")) for b in included], excluded)
 
@@ -245,7 +246,7 @@ def _conditions(filters: Filters, sqlite: bool, *, complete: bool = True) -> lis
     if end is not None:
         found.append(t.c.billing_day <= end)
     if complete and not filters.batches:
-        found.append(batches.c.state == "complete")
+        found.append(batches.c.state == BatchState.complete.value)
     return found
 
 
@@ -254,7 +255,7 @@ def _excluded(conn: sa.Connection, filters: Filters, sqlite: bool) -> list[Batch
     matching = sa.exists().where(
         aggregates.c.batch_id == batches.c.batch_id, *_conditions(filters, sqlite, complete=False)
     )
-    query = sa.select(batches.c.batch_id, batches.c.state).where(batches.c.state != "complete", matching)
+    query = sa.select(batches.c.batch_id, batches.c.state).where(batches.c.state != BatchState.complete.value, matching)
     return sorted(BatchRef(r.batch_id, r.state) for r in conn.execute(query))
 
 

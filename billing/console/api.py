@@ -23,7 +23,7 @@ from pydantic import BaseModel, Field
 from shared.messaging.runtime import role_states
 from shared.messaging.storage import Storage
 from shared.settings import Settings, poison_queue_name
-from store import Store, queries
+from store import BatchState, Store, queries
 from store.queries import Filters
 from store.reports import format_quantity
 
@@ -156,7 +156,7 @@ def batch_json(status: Any) -> dict[str, Any]:
 @router.get("/batches", response_model=Page, summary="Batches, newest accepted first, with state and phase times")
 def list_batches(
     store: StoreDep,
-    state: Annotated[Literal["processing", "complete", "failed", "refused"] | None, Query()] = None,
+    state: Annotated[BatchState | None, Query()] = None,
     limit: Limit = 100,
     offset: Offset = 0,
 ) -> dict[str, Any]:
@@ -295,7 +295,7 @@ def cost_projection(
     idle_requests_per_hour: Annotated[float, Query(ge=0, le=10**9, description="per processor")] = 12.0,
     processors: Annotated[int, Query(ge=1, le=10_000)] = 1,
 ) -> dict[str, Any]:
-    complete = [s for s in store.batches() if s.state == "complete" and s.accepted]
+    complete = [s for s in store.batches() if s.state == BatchState.complete and s.accepted]
     accepted = sum(s.accepted for s in complete)
     per_1000 = sum(s.requests for s in complete) * 1000 / accepted if accepted else 0.0
     workload = cost.Workload(

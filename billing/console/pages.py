@@ -18,7 +18,7 @@ from fastapi import APIRouter, Form, HTTPException, Path, Query, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
 from shared.messaging.runtime import role_states
-from store import queries
+from store import BatchState, queries
 from store.queries import Filters
 
 from .. import poison
@@ -55,7 +55,7 @@ def batches_page(store: StoreDep) -> HTMLResponse:
     per_1000: dict[date | datetime, float] = {
         datetime.fromisoformat(b["accepted_at"]): b["requests_per_1000"]
         for b in found
-        if b["accepted_at"] and b["requests_per_1000"] is not None and b["state"] == "complete"
+        if b["accepted_at"] and b["requests_per_1000"] is not None and b["state"] == BatchState.complete
     }
     drawn = (
         [charts.lines({"requests / 1,000 tx": per_1000}, title="Storage requests per 1,000 transactions", unit="")]
