@@ -540,7 +540,8 @@ var commonEnv = [
 ]
 
 // The three roles: what differs between them. The scale numbers are those of the KEDA ScaledObjects
-// in deploy/kubernetes/base, where each is explained from measured service times (tested equal).
+// in deploy/kubernetes/base, where each is explained from measured service times or, for the
+// processor's queueLength, from what one replica holds at once (tested equal).
 // CPU and memory from the measured peak RSS (README, "Measured": initiator and controller under
 // 600 MiB at 10 M rows, a processor and its rating worker under 400 MiB), in Consumption sizes.
 var roles = [
@@ -561,7 +562,11 @@ var roles = [
   {
     name: 'processor'
     queues: inputQueues
-    queueLength: 30
+    // What one replica holds at once: BILLING_CPU_WORKERS 1 (its one vCPU) x (1 + 1 prefetched) = 2 work items
+    // over the input queues (4 by default), half a queue's item, rounded up to the smallest whole target, 1.
+    // Each rule asks ceil(depth / queueLength), the app the largest: a 1,000,000-row batch (about 22 items,
+    // round-robin 6, 6, 5, 5) asks for 6 replicas. With n vCPU and workers: ceil(n x 2 / partitions).
+    queueLength: 1
     activationQueueLength: 0
     pollingInterval: 10
     cooldownPeriod: 120

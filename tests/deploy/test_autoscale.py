@@ -5,7 +5,9 @@ largest ceil(depth / queueLength), at most maxReplicaCount), a second batch's re
 initiator 0 -> 1, results start the controller, and after the cooldown every role is back at 0.
 Both batches are exact. Polling and cooldown are shortened with the command's flags; the numbers
 that decide how many processes run (queueLength, maxReplicaCount) are the manifests' own. Beside it,
-the rule itself on small hand-written ScaledObjects.
+the rule itself on small hand-written ScaledObjects, and the processor's rule in the base and each
+overlay as rendered: one 1,000,000-row batch asks for a processor per input queue or more, its
+queueLength is what one replica holds of a queue, and ``billing autoscale`` decides as KEDA would.
 """
 
 from __future__ import annotations
@@ -16,26 +18,34 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Mapping, Sequence
+from functools import cache
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
-from billing.autoscale import QueueTrigger, ScaleRule, check_queues, scale_rules
+from billing.autoscale import QueueTrigger, ScaleRule, check_queues, read_manifests, scale_rules
 from shared.errors import ConfigurationError
 from shared.rules.sample import generate
 from shared.settings import Settings
 from support.exact import assert_batch_exact, billing
 from support.roles import Roles
-from support.tools import render
+from support.tools import KUBERNETES, OVERLAYS, render, require
 from support.waiting import wait_until
 
 ROWS = 10_000
-#: 1,000 work items, 250 a queue: 5 processors' worth at the local queueLength (50); carrying their rows in
-#: the message (an inbox frame holds some 200 rows, too many for so small an item).
+#: 1,000 work items, 250 a queue: far more than maxReplicaCount processors' worth at the local queueLength;
+#: carrying their rows in the message (an inbox frame holds some 200 rows, too many for so small an item).
 WORK_ITEM_SIZE = 10
 POLLING, COOLDOWN = 0.5, 3.0
+#: A 1,000,000-row file's work items (whole inbox frames of at least BILLING_WORK_ITEM_SIZE rows), and the
+#: fewest processor replicas the scaling rule must ask for it: one per input queue.
+BIG_BATCH_ITEMS, BIG_BATCH_REPLICAS = 22, 4
+#: Work items a processor holds per rating worker beyond the one it rates (BILLING_PREFETCH_PER_WORKER's default).
+PREFETCH_PER_WORKER = int(Settings.model_fields["prefetch_per_worker"].default)
+SOURCES = {"base": KUBERNETES / "base", **{overlay: KUBERNETES / "overlays" / overlay for overlay in OVERLAYS}}
 
 
 def local_manifests(settings: Settings, path: Path) -> list[dict[str, Any]]:
@@ -52,6 +62,91 @@ def local_manifests(settings: Settings, path: Path) -> list[dict[str, Any]]:
 def wanted(rule: ScaleRule, depths: dict[str, int]) -> int:
     """KEDA's azure-queue rule, written out again: the largest ceil(depth / queueLength), within bounds."""
     return min(max(1, *(math.ceil(depths[t.queue] / t.queue_length) for t in rule.triggers)), rule.max_replicas)
+
+
+@cache
+def kustomized(source: str) -> tuple[dict[str, Any], ...]:
+    """``kubectl kustomize`` of the base or an overlay: what a cluster (and KEDA) gets."""
+    kubectl = require("kubectl", "renders the Kubernetes base and overlays; pip install -e '.[test]' brings it")
+    done = subprocess.run([kubectl, "kustomize", str(SOURCES[source])], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return tuple(doc for doc in yaml.safe_load_all(done.stdout) if doc)
+
+
+def spread(items: int, queues: Sequence[str]) -> dict[str, int]:
+    """Each queue's depth once ``items`` work items are sent round-robin over ``queues``."""
+    return {queue: len(range(i, items, len(queues))) for i, queue in enumerate(queues)}
+
+
+def processor_objects(docs: Sequence[Mapping[str, Any]]) -> tuple[dict[str, str], Any, Any]:
+    """The processor's settings (its ConfigMap), its Deployment's container and its ScaledObject."""
+    (deployment,) = [
+        d
+        for d in docs
+        if d["kind"] == "Deployment" and d["spec"]["template"]["spec"]["containers"][0].get("args") == ["processor"]
+    ]
+    (scaled,) = [
+        d
+        for d in docs
+        if d["kind"] == "ScaledObject" and d["spec"]["scaleTargetRef"]["name"] == deployment["metadata"]["name"]
+    ]
+    (config,) = [d["data"] for d in docs if d["kind"] == "ConfigMap" and "BILLING_PARTITIONS" in d.get("data", {})]
+    return config, deployment["spec"]["template"]["spec"]["containers"][0], scaled
+
+
+def keda_replicas(scaled_object: Mapping[str, Any], depths: Mapping[str, int]) -> int:
+    """KEDA and the HPA on an active ScaledObject, read straight from the manifest: per azure-queue trigger
+    ceil(depth / queueLength) (KEDA's default 5), the largest, at least 1 and minReplicaCount (0), at most
+    maxReplicaCount (100). Depths count every message, being worked on or not (queueLengthStrategy "all")."""
+    spec = scaled_object["spec"]
+    asked = []
+    for trigger in spec["triggers"]:
+        assert trigger["type"] == "azure-queue"
+        metadata = trigger["metadata"]
+        assert metadata.get("queueLengthStrategy", "all") == "all", "invisible messages must count"
+        asked.append(math.ceil(depths[metadata["queueName"]] / int(metadata.get("queueLength", "5"))))
+    return min(max(1, spec.get("minReplicaCount", 0), *asked), spec.get("maxReplicaCount", 100))
+
+
+def cores(quantity: str) -> float:
+    """A Kubernetes CPU quantity ("2", "500m") in cores."""
+    return int(quantity[:-1]) / 1000 if quantity.endswith("m") else float(quantity)
+
+
+@pytest.mark.parametrize("source", list(SOURCES))
+def test_one_big_batch_asks_for_a_processor_per_input_queue(source: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 1,000,000-row batch, round-robin over the input queues the manifests configure, asks KEDA for
+    at least BIG_BATCH_REPLICAS processors; ``billing autoscale``, reading the same kustomization,
+    decides the same number."""
+    docs = kustomized(source)
+    config, _, scaled = processor_objects(docs)
+    settings = Settings(queue_prefix=config["BILLING_QUEUE_PREFIX"], partitions=int(config["BILLING_PARTITIONS"]))
+    depths = spread(BIG_BATCH_ITEMS, settings.input_queues)
+    assert sum(depths.values()) == BIG_BATCH_ITEMS and max(depths.values()) - min(depths.values()) <= 1
+    asked = keda_replicas(scaled, depths)
+    assert asked >= BIG_BATCH_REPLICAS, (source, depths, asked)
+
+    kubectl = require("kubectl", "billing autoscale renders kustomizations with it")
+    monkeypatch.setenv("PATH", os.pathsep.join([str(Path(kubectl).parent), os.environ.get("PATH", "")]))
+    (rule,) = [rule for rule in scale_rules(read_manifests(SOURCES[source])) if rule.role == "processor"]
+    assert rule.active(depths) and rule.wanted(depths) == asked
+    assert wanted(rule, depths) == asked  # and the rule as this module writes it out
+
+
+@pytest.mark.parametrize("source", list(SOURCES))
+def test_the_processor_queue_length_is_what_one_replica_holds_of_a_queue(source: str) -> None:
+    """queueLength = what one replica holds at once (rating workers x (1 + prefetch)) over the input
+    queues, rounded up to a whole message: KEDA asks for a replica per that many messages in the
+    deepest queue. The workers are set (not left to follow the container's CPU limit) and fit within
+    it."""
+    config, container, scaled = processor_objects(kustomized(source))
+    workers = int(config["BILLING_CPU_WORKERS"])
+    assert 1 <= workers <= cores(container["resources"]["limits"]["cpu"])
+    held = workers * (1 + int(config.get("BILLING_PREFETCH_PER_WORKER", PREFETCH_PER_WORKER)))
+    per_queue = math.ceil(held / int(config["BILLING_PARTITIONS"]))
+    lengths = {t["metadata"]["queueName"]: int(t["metadata"]["queueLength"]) for t in scaled["spec"]["triggers"]}
+    assert len(lengths) == int(config["BILLING_PARTITIONS"])
+    assert set(lengths.values()) == {per_queue}, (source, held, lengths)
 
 
 def deployment(name: str, role: str) -> dict[str, Any]:

@@ -14,12 +14,15 @@ scales on its own real queues; the apps' settings are real ``BILLING_*`` fields 
 :class:`Settings`, name the queues, topic and subscriptions the template creates; the one identity
 holds exactly the four data roles, on the storage account and the trigger topic; no key, connection
 string with a key, secret or secure output appears anywhere; the scale numbers equal the KEDA
-ScaledObjects of deploy/kubernetes/base.
+ScaledObjects of deploy/kubernetes/base; the processor's rules ask one 1,000,000-row batch for a
+replica per input queue or more, as ``billing autoscale``'s rule does, with a queueLength that is what
+one replica holds of a queue.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import re
 import subprocess
 import sys
@@ -34,6 +37,7 @@ import sqlalchemy as sa
 import yaml
 from pycep import BicepParser
 
+from billing.autoscale import QueueTrigger, ScaleRule
 from shared.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -56,6 +60,11 @@ STANDARD_ENV = {
 }
 REQUIRED = {"image": "example.azurecr.io/billing:1.0"}
 SIZES = [{"queuePrefix": "billing", "partitions": 4}, {"queuePrefix": "acme-pay", "partitions": 7}]
+#: A 1,000,000-row file's work items (whole inbox frames of at least BILLING_WORK_ITEM_SIZE rows), and the
+#: fewest processor replicas the scale rules must ask for it: one per input queue of the default four.
+BIG_BATCH_ITEMS, BIG_BATCH_REPLICAS = 22, 4
+#: Work items a processor holds per rating worker beyond the one it rates (BILLING_PREFETCH_PER_WORKER's default).
+PREFETCH_PER_WORKER = int(Settings.model_fields["prefetch_per_worker"].default)
 
 
 @dataclass(frozen=True)
@@ -427,3 +436,49 @@ def test_scale_rules_and_settings_equal_the_kubernetes_base() -> None:
         shared = (set(env) & set(kubernetes)) - {"BILLING_TRIGGER_BACKEND"}
         assert {name: env[name] for name in shared} == {name: kubernetes[name] for name in shared}, role
         assert shared >= {"BILLING_QUEUE_PREFIX", "BILLING_PARTITIONS", "BILLING_SHUTDOWN_DEADLINE"}
+
+
+@pytest.mark.parametrize("size", SIZES, ids=lambda size: f"{size['queuePrefix']}-{size['partitions']}")
+def test_one_big_batch_asks_for_a_processor_per_input_queue(size: dict[str, Any]) -> None:
+    """A 1,000,000-row batch round-robin over the input queues: Container Apps asks, per rule,
+    ceil(depth / queueLength) and takes the largest within the app's bounds; that is at least
+    BIG_BATCH_REPLICAS, and ``billing autoscale``'s rule given the same numbers decides the same."""
+    settings = _settings(size)
+    depths = {
+        queue: len(range(i, BIG_BATCH_ITEMS, settings.partitions)) for i, queue in enumerate(settings.input_queues)
+    }
+    assert sum(depths.values()) == BIG_BATCH_ITEMS and max(depths.values()) - min(depths.values()) <= 1
+    scale = _apps(_template(size))["processor"]["properties"]["template"]["scale"]
+    rules = [rule["custom"]["metadata"] for rule in scale["rules"]]
+    asked = [math.ceil(depths[rule["queueName"]] / int(rule["queueLength"])) for rule in rules]
+    replicas = min(max(1, scale["minReplicas"], *asked), scale["maxReplicas"])
+    assert replicas >= BIG_BATCH_REPLICAS, (depths, rules, scale["maxReplicas"])
+    rule = ScaleRule(
+        name="processor",
+        role="processor",
+        triggers=tuple(
+            QueueTrigger(r["queueName"], queue_length=int(r["queueLength"]), activation=int(r["activationQueueLength"]))
+            for r in rules
+        ),
+        min_replicas=scale["minReplicas"],
+        max_replicas=scale["maxReplicas"],
+    )
+    assert rule.active(depths) and rule.wanted(depths) == replicas
+
+
+@pytest.mark.parametrize("size", SIZES, ids=lambda size: f"{size['queuePrefix']}-{size['partitions']}")
+def test_the_processor_queue_length_is_what_one_replica_holds_of_a_queue(size: dict[str, Any]) -> None:
+    """queueLength = what one replica holds at once (rating workers x (1 + prefetch)) over the input
+    queues, rounded up to a whole message; the workers are set (not left to follow the container's
+    quota) and fit the app's vCPU."""
+    template = _template(size)
+    app = _apps(template)["processor"]
+    env = _env(app)
+    workers = int(env["BILLING_CPU_WORKERS"])
+    (cpu,) = [
+        config["params"]["cpu"] for _, config in template.modules() if config["params"].get("role") == "processor"
+    ]
+    assert 1 <= workers <= float(cpu)
+    held = workers * (1 + int(env.get("BILLING_PREFETCH_PER_WORKER", PREFETCH_PER_WORKER)))
+    lengths = {r["custom"]["metadata"]["queueLength"] for r in app["properties"]["template"]["scale"]["rules"]}
+    assert lengths == {str(math.ceil(held / size["partitions"]))}, (held, lengths)

@@ -6,7 +6,9 @@ written from KEDA's documented spec (deploy/kubernetes/keda.schema.json); ``chec
 and ``hadolint`` find nothing that is not skipped in place with a reason; ``yamllint`` passes. The
 manifests agree with the app: every ``BILLING_*`` variable is a real setting and the values parse,
 every KEDA queue is a queue the app uses for the configured prefix and partitions, each role scales
-on its own queues, and the grace period outlasts the shutdown deadline.
+on its own queues, and the grace period outlasts the shutdown deadline. KEDA runs in a namespace of
+its own, so every storage endpoint its triggers reach is a fully qualified Service name that exists
+in the rendered overlay (and an Azurite behind it reads the account from the path) or an Azure one.
 """
 
 from __future__ import annotations
@@ -16,10 +18,11 @@ import copy
 import json
 import os
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from functools import cache
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import jsonschema
 import kubernetes_validate
@@ -35,6 +38,8 @@ KEDA_SCHEMA = json.loads((KUBERNETES / "keda.schema.json").read_text())
 KEDA_KINDS = {"ScaledObject", "TriggerAuthentication"}
 COMPOSE = ROOT / "deploy" / "compose.yaml"
 DOCKERFILE = ROOT / "deploy" / "Dockerfile"
+AZURE_STORAGE_SUFFIX = "core.windows.net"  # KEDA's endpointSuffix for the public cloud
+CLUSTER_SERVICES = ".svc.cluster.local"  # <service>.<namespace>.svc.cluster.local: resolves from any namespace
 
 
 @cache
@@ -233,3 +238,112 @@ def test_the_azure_overlay_holds_no_secret(monkeypatch: pytest.MonkeyPatch) -> N
         assert all(t["metadata"].get("accountName") for t in scaled["spec"]["triggers"])
     for deployment in role_deployments(docs):
         assert deployment["spec"]["template"]["metadata"]["labels"]["azure.workload.identity/use"] == "true"
+
+
+def storage_endpoints(connection: str) -> list[str]:
+    """The endpoints an Azure Storage connection string names (the queue's built from the account
+    where it names none)."""
+    parts = dict(part.split("=", 1) for part in connection.split(";") if part.strip())
+    endpoints = [value for key, value in parts.items() if key.endswith("Endpoint")]
+    if "QueueEndpoint" not in parts:
+        protocol, suffix = (
+            parts.get("DefaultEndpointsProtocol", "https"),
+            parts.get("EndpointSuffix", AZURE_STORAGE_SUFFIX),
+        )
+        endpoints.append(f"{protocol}://{parts.get('AccountName', '127.0.0.1')}.queue.{suffix}")
+    return endpoints
+
+
+def keda_urls(docs: Sequence[dict[str, Any]]) -> list[str]:
+    """Every URL KEDA uses for the overlay's triggers: those its TriggerAuthentications read (from a
+    Secret or ConfigMap of the overlay), those a trigger's metadata holds, and the account a trigger
+    names. A source this cannot read (a connection from the target's env, a vault) fails here."""
+    secrets = {
+        s["metadata"]["name"]: {k: base64.b64decode(v).decode() for k, v in s.get("data", {}).items()}
+        | s.get("stringData", {})
+        for s in of_kind(docs, "Secret")
+    }
+    configs = {c["metadata"]["name"]: c.get("data", {}) for c in of_kind(docs, "ConfigMap")}
+    urls = []
+    for auth in of_kind(docs, "TriggerAuthentication"):
+        spec = {key: value for key, value in auth["spec"].items() if value is not None}
+        assert set(spec) <= {"secretTargetRef", "configMapTargetRef", "podIdentity"}, set(spec)
+        refs = [(secrets, ref) for ref in spec.get("secretTargetRef", [])]
+        refs += [(configs, ref) for ref in spec.get("configMapTargetRef", [])]
+        for source, ref in refs:
+            value = source[ref["name"]][ref["key"]]  # KeyError: it names an object the overlay lacks
+            urls += storage_endpoints(value) if ref["parameter"] == "connection" else [value] if "://" in value else []
+    for scaled in of_kind(docs, "ScaledObject"):
+        for trigger in scaled["spec"]["triggers"]:
+            metadata = trigger["metadata"]
+            assert "connectionFromEnv" not in metadata and "connection" not in metadata, metadata
+            urls += [value for value in metadata.values() if "://" in str(value)]
+            if "accountName" in metadata:
+                suffix = metadata.get("endpointSuffix", AZURE_STORAGE_SUFFIX)
+                urls.append(f"https://{metadata['accountName']}.queue.{suffix}")
+    return urls
+
+
+def unreachable(url: str, docs: Sequence[dict[str, Any]]) -> str | None:
+    """Why KEDA, in a namespace of its own, could not use ``url``; None when it can: an Azure storage
+    endpoint, or <service>.<namespace>.svc.cluster.local for a Service of the overlay in that
+    namespace, on one of its ports, whose Azurite (if it runs one) reads the account from the path."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    if host.endswith("." + AZURE_STORAGE_SUFFIX):
+        return None if parts.scheme == "https" else f"{url}: Azure storage over {parts.scheme}"
+    if not host.endswith(CLUSTER_SERVICES) or host.count(".") != 4:
+        return f"{url}: {host} is neither <service>.<namespace>{CLUSTER_SERVICES} nor an Azure endpoint"
+    name, namespace = host.split(".")[:2]
+    services = [
+        s
+        for s in of_kind(docs, "Service")
+        if (s["metadata"]["name"], s["metadata"].get("namespace")) == (name, namespace)
+    ]
+    if not services:
+        return f"{url}: no Service {name} in namespace {namespace}"
+    (service,) = services
+    if parts.port not in {port["port"] for port in service["spec"]["ports"]}:
+        return f"{url}: Service {name} has no port {parts.port}"
+    selector = service["spec"]["selector"].items()
+    for deployment in of_kind(docs, "Deployment"):
+        if selector <= deployment["spec"]["template"]["metadata"]["labels"].items():
+            for container in deployment["spec"]["template"]["spec"]["containers"]:
+                command = [*container.get("command", []), *container.get("args", [])]
+                if "azurite" in container["image"] and "--disableProductStyleUrl" not in command:
+                    return f"{url}: Azurite would read the account from the host name ({name})"
+    return None
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_keda_reaches_storage_by_fully_qualified_names(overlay: str) -> None:
+    docs = rendered(overlay)
+    urls = keda_urls(docs)
+    assert urls, "KEDA's triggers name no endpoint"
+    assert [problem for url in urls if (problem := unreachable(url, docs))] == []
+
+
+def test_a_bare_or_misplaced_service_name_is_refused() -> None:
+    """The check above can fail: the local overlay's connection string with Azurite's bare name, or
+    another namespace's, or its Azurite without path-style accounts."""
+    docs = rendered("local")
+    assert any(CLUSTER_SERVICES in url for url in keda_urls(docs)), "the local overlay reaches a cluster Service"
+
+    def changed(host: str | None = None, *, drop_flag: bool = False) -> list[str]:
+        docs_ = copy.deepcopy(list(docs))
+        for secret in of_kind(docs_, "Secret"):
+            for key, value in secret.get("data", {}).items():
+                text = base64.b64decode(value).decode()
+                if host is not None:
+                    text = text.replace("azurite.billing.svc.cluster.local", host)
+                secret["data"][key] = base64.b64encode(text.encode()).decode()
+        for deployment in of_kind(docs_, "Deployment"):
+            for container in deployment["spec"]["template"]["spec"]["containers"]:
+                if drop_flag and "--disableProductStyleUrl" in container.get("args", []):
+                    container["args"].remove("--disableProductStyleUrl")
+        return [problem for url in keda_urls(docs_) if (problem := unreachable(url, docs_))]
+
+    assert changed() == []
+    assert any("azurite is neither" in problem for problem in changed("azurite"))
+    assert any("no Service azurite in namespace default" in p for p in changed("azurite.default.svc.cluster.local"))
+    assert any("Azurite would read the account" in problem for problem in changed(drop_flag=True))

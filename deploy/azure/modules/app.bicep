@@ -34,7 +34,7 @@ param storageAccountName string
 @description('The queues whose depth scales the role: one azure-queue rule each.')
 param queues array
 
-@description('KEDA queueLength: visible messages one replica is meant to take.')
+@description('KEDA queueLength: messages per queue (being worked on included) one replica holds at once.')
 param queueLength int
 
 @description('KEDA activationQueueLength: from zero replicas, scale out once a queue holds more than this.')
