@@ -33,7 +33,7 @@ from pydantic import SecretStr
 from rich.console import Console
 from rich.table import Table
 
-from billing.stack import AzuriteStack
+from shared.localstack import AzuriteStack
 from shared.messaging.envelope import ClaimCheck
 from shared.messaging.listener import ListenerSettings, QueueListener
 from shared.messaging.poison import PoisonQueue

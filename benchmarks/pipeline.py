@@ -31,7 +31,7 @@ from rich.table import Table
 
 from billing import cost
 from billing.demo import role_processes
-from billing.stack import AzuriteStack
+from shared.localstack import AzuriteStack
 from shared.messaging.service import STATE_INTERVAL
 from shared.rules.sample import generate, write_price_book, write_tax_table
 from shared.settings import Settings

@@ -22,20 +22,19 @@ from rich.markup import escape
 
 from shared import telemetry
 from shared.errors import BillingError
+from shared.localstack import AzuriteStack, resolve
 from shared.logs import configure_logging, redact
 from shared.messaging.poison import Action as PoisonAction
 from shared.messaging.service import STATE_INTERVAL
+from shared.roles import ROLES
 from shared.settings import Settings
 
 from . import client, cost, poison
-from .stack import AzuriteStack, resolve
 
 if TYPE_CHECKING:
-    from shared.messaging.runtime import RoleFactory
     from store import reports
 
 console = Console(stderr=True)
-ROLES = ("initiator", "processor", "controller")
 
 
 @click.group()
@@ -63,33 +62,13 @@ def down() -> None:
     click.echo("local stack stopped")
 
 
-def _factory(role: str) -> RoleFactory:
-    """The role's builder, imported only in the process that runs it."""
-    if role == "initiator":
-        from initiator.service import Initiator
-
-        return Initiator
-    if role == "processor":
-        from processor.service import Processor
-
-        return Processor
-    if role == "syphon":
-        from shared.messaging.syphon import SyphonService
-
-        return SyphonService
-    from controller.service import Controller
-
-    return Controller.create
-
-
 def _role_command(role: str) -> click.Command:
     @click.option("--burst", is_flag=True, help="Drain what is queued, then exit.")
     @click.option("--partitions", type=int, help="Number of input queues (BILLING_PARTITIONS).")
     def command(burst: bool, partitions: int | None) -> None:
-        from shared.messaging.runtime import run_role
+        from shared.roles import start  # the role's own entry: imports the role only now
 
-        settings = resolve(partitions=partitions)
-        asyncio.run(run_role(role, _factory(role), settings, burst=burst))
+        start(role, burst=burst, partitions=partitions)
 
     command.__doc__ = f"Run the {role} until SIGINT/SIGTERM (or drained, with --burst)."
     return click.command(role)(command)

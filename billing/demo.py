@@ -17,12 +17,12 @@ import pandas as pd
 from rich.console import Console
 from rich.table import Table
 
+from shared.localstack import resolve
 from shared.rules.sample import generate, write_price_book, write_tax_table
 from shared.settings import Settings
 from store import Store, reports
 
 from . import client, progress
-from .stack import resolve
 
 
 def start_role(role: str, env: Mapping[str, str], log: Path) -> subprocess.Popen[bytes]:

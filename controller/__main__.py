@@ -1,7 +1,6 @@
-"""``python -m controller``: run the controller (same options as ``billing controller``)."""
+"""``python -m controller``: run the controller (the options of ``billing controller``; see :mod:`shared.roles`)."""
 
-import sys
+from shared.roles import main
 
-from billing.cli import main
-
-main(["controller", *sys.argv[1:]])
+if __name__ == "__main__":
+    main("controller")

@@ -1,7 +1,6 @@
-"""``python -m initiator``: run the initiator (same options as ``billing initiator``)."""
+"""``python -m initiator``: run the initiator (the options of ``billing initiator``; see :mod:`shared.roles`)."""
 
-import sys
+from shared.roles import main
 
-from billing.cli import main
-
-main(["initiator", *sys.argv[1:]])
+if __name__ == "__main__":
+    main("initiator")

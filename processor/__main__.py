@@ -1,7 +1,6 @@
-"""``python -m processor``: run the processor (same options as ``billing processor``)."""
+"""``python -m processor``: run the processor (the options of ``billing processor``; see :mod:`shared.roles`)."""
 
-import sys
+from shared.roles import main
 
-from billing.cli import main
-
-main(["processor", *sys.argv[1:]])
+if __name__ == "__main__":
+    main("processor")

@@ -12,8 +12,8 @@ import pytest
 from pydantic import SecretStr
 
 import shared.messaging.failover
-from billing.stack import connection_string, free_ports
 from shared.errors import ConfigurationError
+from shared.localstack import connection_string, free_ports
 from shared.messaging.storage import Storage
 from shared.settings import Settings
 from support.backlog import backlog

@@ -11,7 +11,7 @@ import pytest
 import sqlalchemy as sa
 from azure.storage.queue import QueueClient
 
-from billing.stack import AzuriteStack, StackError, port_open
+from shared.localstack import AzuriteStack, StackError, port_open
 
 
 def test_session_azurite_serves_queues_through_the_sdk(azurite: str) -> None:

@@ -1,6 +1,6 @@
 """Azurite for tests: the session's shared one (``azurite`` fixture) and any a test needs of its own
 (to stop and restart it, to read its debug log, to give it an account of its own, to reach it over
-HTTPS with OAuth tokens), all :class:`billing.stack.AzuriteStack`, the product's own local stack."""
+HTTPS with OAuth tokens), all :class:`shared.localstack.AzuriteStack`, the product's own local stack."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from billing.stack import AzuriteStack
+from shared.localstack import AzuriteStack
 from support.identity import Certificates
 
 

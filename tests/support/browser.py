@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 from playwright.sync_api import Browser, sync_playwright
 
-from billing.stack import free_ports
+from shared.localstack import free_ports
 from support.tools import require
 from support.waiting import wait_until
 

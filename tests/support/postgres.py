@@ -10,7 +10,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from billing.stack import StackError, free_ports
+from shared.localstack import StackError, free_ports
 
 
 class PostgresNotInstalled(StackError):

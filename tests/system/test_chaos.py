@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from billing.cli import ROLES
-from billing.stack import AzuriteStack
+from shared.localstack import AzuriteStack
 from shared.rules.sample import generate
 from shared.settings import Settings
 from store import FINAL_STATES, BatchStatus, Store

@@ -31,9 +31,9 @@ async def refused(self, kind, digest):
 
 ReferenceStore.get = refused
 
-from billing.cli import main
+from shared.roles import main
 
-main(["processor", "--burst"])
+main("processor", ["--burst"])
 """
 
 

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from pydantic import SecretStr
 
-from billing.stack import AzuriteStack
+from shared.localstack import AzuriteStack
 from shared.messaging.storage import Storage
 from shared.rules.sample import generate
 from shared.settings import Settings

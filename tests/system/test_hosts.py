@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from billing.stack import AzuriteStack
+from shared.localstack import AzuriteStack
 from shared.rules.sample import generate
 from shared.settings import Settings
 from support.exact import billing, expected, read_raw, report, sorted_records
@@ -73,9 +73,7 @@ def network() -> Iterator[dict[str, Host]]:
 @contextmanager
 def azurite_on(host: Host, home: Path) -> Iterator[str]:
     """The product's Azurite stack on ``host``'s address; yields its connection string."""
-    start = (
-        "import sys; from billing.stack import AzuriteStack as A; print(A(home=sys.argv[1], host=sys.argv[2]).start())"
-    )
+    start = "import sys, shared.localstack as s; print(s.AzuriteStack(home=sys.argv[1], host=sys.argv[2]).start())"
     command = host.command([sys.executable, "-c", start, str(home), host.address])
     done = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 0, done.stderr

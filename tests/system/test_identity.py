@@ -40,7 +40,7 @@ from typing import Any
 
 import pytest
 
-from billing.stack import AzuriteStack
+from shared.localstack import AzuriteStack
 from shared.rules.sample import generate
 from shared.settings import Settings
 from support.azurite import running_azurite, service_ports

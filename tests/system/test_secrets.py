@@ -21,7 +21,7 @@ from urllib.parse import quote
 import pytest
 from pydantic import SecretStr
 
-from billing.stack import free_ports
+from shared.localstack import free_ports
 from shared.rules.sample import generate
 from shared.settings import Settings
 from support.azurite import running_azurite

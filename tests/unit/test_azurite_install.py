@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from billing.stack import AzuriteStack, StackError
+from shared.localstack import AzuriteStack, StackError
 
 
 def test_missing_azurite_install_says_to_run_npm_ci(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("billing.stack.AZURITE_BIN", tmp_path / "no-azurite")
+    monkeypatch.setattr("shared.localstack.AZURITE_BIN", tmp_path / "no-azurite")
     with pytest.raises(StackError, match="npm ci"):
         AzuriteStack(home=tmp_path).start()

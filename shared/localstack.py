@@ -1,5 +1,5 @@
-"""The local stack: Azurite (the ``azurite`` npm package) for ``billing up``/``down``, the demo and
-the tests, and a throw-away PostgreSQL cluster for the tests."""
+"""The local stack: Azurite (the ``azurite`` npm package) for ``billing up``/``down``, the demo, the
+tests, and a role started with no storage account configured (:func:`resolve`)."""
 
 from __future__ import annotations
 
