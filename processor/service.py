@@ -12,6 +12,7 @@ from opentelemetry.trace import Span, SpanKind, StatusCode
 
 from shared import telemetry
 from shared.errors import PoisonMessage
+from shared.messaging.capacity import Capacity
 from shared.messaging.envelope import ClaimCheck, Envelope, batch_blob
 from shared.messaging.poison import PoisonQueue
 from shared.messaging.service import Service
@@ -40,8 +41,10 @@ class Processor(Service):
         poison = PoisonQueue(
             storage, self.claim_check, on_poisoned=notify_controller(self.claim_check, settings.results_queue)
         )
+        # What the workers can start now, and the prefetch: the rest of the queues stays for other processors.
+        self.capacity = Capacity(settings.cpu_workers * (1 + settings.prefetch_per_worker))
         for name in settings.input_queues:
-            self.listen(name, self.handle, poison=poison, queues=settings.partitions)
+            self.listen(name, self.handle, poison=poison, queues=settings.partitions, capacity=self.capacity)
 
     async def handle(self, messages: list[QueueMessage]) -> Mapping[str, str]:
         """Rate one dequeued batch; send its results; the listener then deletes the inputs."""

@@ -9,6 +9,8 @@ from typing import Literal
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from .cpus import available_cpus
+
 
 def _default_home() -> Path:
     return Path(os.environ.get("BILLING_HOME", ".billing")).resolve()
@@ -47,7 +49,7 @@ class Settings(BaseSettings):
 
     # Work items.
     # Rows per work item: a text file's are runs of whole frames of its inbox blob holding at least this
-    # many (the last one fewer), a Parquet file's at most this many (README, "Measured").
+    # many (the last one fewer), a Parquet file's at most this many (docs/performance.md).
     work_item_size: int = Field(default=40_000, ge=1, le=100_000)
     # Where a text file's work items have their rows: "inbox" names frames of the inbox blob, which the
     # processor reads (a message of a few hundred bytes); "message" carries the rows as read in the message,
@@ -59,7 +61,7 @@ class Settings(BaseSettings):
     # sweeps); keep it above the visibility timeout so a late duplicate still finds its blob.
     claim_check_retention: float = Field(default=24 * 3600.0, ge=0)
 
-    # Listener (names follow the whitepaper; see README for host.json equivalents).
+    # Listener (names follow the whitepaper; docs/configuration.md maps them to host.json).
     dequeue_batch_size: int = Field(default=32, ge=1, le=32)
     dequeue_tasks: int = Field(default=2, ge=1, le=256)
     visibility_timeout: int = Field(default=60, ge=1, le=7 * 24 * 3600)
@@ -70,6 +72,8 @@ class Settings(BaseSettings):
     scale_rule: Literal["drain", "whitepaper"] = "drain"
     target_drain_seconds: float = Field(default=10.0, gt=0)
     safety_poll_interval: float = Field(default=300.0, gt=0)
+    # Push mode: while a queue holds messages leased by others (maybe a receiver that died), look this often.
+    recovery_poll_interval: float = Field(default=5.0, gt=0)
     delete_on_receive: bool = False  # the naive design's early acknowledgement; benchmark only
 
     # Triggers: "work detected" hints. ``auto`` = Service Bus when configured, else the local bus.
@@ -102,7 +106,10 @@ class Settings(BaseSettings):
 
     # Concurrency.
     max_concurrent_sends: int = Field(default=32, ge=1)
-    cpu_workers: int = Field(default_factory=lambda: max(1, os.cpu_count() or 1))
+    cpu_workers: int = Field(default_factory=available_cpus, ge=1)
+    # Work items a processor holds beyond those its workers are rating: this many per worker, read and
+    # ready to start; the rest of the queue stays visible to other processors.
+    prefetch_per_worker: int = Field(default=1, ge=0, le=8)
 
     def as_env(self) -> dict[str, str]:
         """Every setting given explicitly, as ``BILLING_*`` variables for a child process (secrets

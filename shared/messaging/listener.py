@@ -7,7 +7,15 @@ fewer, fuller batches for a handler whose cost is mostly per batch).
 After the ``n``-th consecutive empty poll a task sleeps :func:`idle_delay`; once that sleep reaches
 ``max_idle_interval`` the task exits unless it is the last one. In push mode (a trigger bus wakes
 the listener) the last one exits too, and the listener makes only a slow, jittered safety poll
-every ``safety_poll_interval`` so a lost trigger never strands work.
+every ``safety_poll_interval`` so a lost trigger never strands work. Nothing announces a message
+whose receiver died, though: it reappears when its lease runs out. So a listener that goes idle
+after work reads the depth once, and while the queue holds messages that it does not hold itself,
+it looks every ``recovery_poll_interval`` instead (:meth:`QueueListener._idle_wait`).
+
+Given a :class:`~shared.messaging.capacity.Capacity` (the processor's, shared by its listeners), a
+task receives no more messages than there are free slots, waiting for one, and each message is
+processed in a task of its own that gives its slot back when it ends: an instance holds only the
+work it can start soon, and the rest of the queue stays visible to other instances.
 
 Work detected (a poll finds messages after idling, or :meth:`QueueListener.wake`) asks the scale
 rule for the number of tasks the queue depth deserves and starts the difference. Work that keeps
@@ -42,6 +50,7 @@ from azure.storage.queue.aio import QueueClient
 from ..errors import ConfigurationError, is_transient
 from ..settings import Settings
 from . import backoff
+from .capacity import Capacity
 from .leases import Leases
 from .poison import PoisonQueue, poison_queue_name
 from .storage import RequestCounter
@@ -57,7 +66,7 @@ SERVICE_TIME_WEIGHT = 0.3  # weight of the newest sample in the per-message serv
 
 @dataclass(frozen=True, kw_only=True)
 class ListenerSettings:
-    """Listener knobs, named as in the whitepaper (the README maps them to ``host.json``)."""
+    """Listener knobs, named as in the whitepaper (docs/configuration.md maps them to ``host.json``)."""
 
     dequeue_batch_size: int = 32
     visibility_timeout: int = 60
@@ -72,6 +81,7 @@ class ListenerSettings:
     delete_on_receive: bool = False
     prefetch: bool = True
     rescale_interval: float = 1.0  # while full batches come, read the depth again at most this often
+    recovery_poll_interval: float = 5.0  # push mode: how often to look while others hold messages
 
     @classmethod
     def from_settings(cls, settings: Settings, **overrides: Any) -> ListenerSettings:
@@ -85,6 +95,7 @@ class ListenerSettings:
             "max_tasks": settings.dequeue_tasks,
             "target_drain_seconds": settings.target_drain_seconds,
             "safety_poll_interval": settings.safety_poll_interval,
+            "recovery_poll_interval": settings.recovery_poll_interval,
             "delete_on_receive": settings.delete_on_receive,
         }
         return cls(**{**values, **overrides})
@@ -191,6 +202,7 @@ class QueueListener:
         settings: ListenerSettings,
         scale_rule: ScaleRule = drain_rule,
         counter: RequestCounter | None = None,
+        capacity: Capacity | None = None,
         burst: bool = False,
     ) -> None:
         self._queue = queue
@@ -200,6 +212,7 @@ class QueueListener:
         self._scale_rule = scale_rule
         self._counter = counter
         self._burst = burst
+        self._capacity = capacity
         self._leases = Leases(queue, visibility_timeout=settings.visibility_timeout)
         self._stats = ListenerStats()
         self._stopping = asyncio.Event()
@@ -208,8 +221,10 @@ class QueueListener:
         self._wakes = 0  # triggers so far: one that comes while a poll is under way is not lost
         self._tasks: set[asyncio.Task[None]] = set()  # the dequeue tasks; only _task_done removes one
         self._leaving: set[asyncio.Task[None]] = set()  # those of them scaling down (ending now)
+        self._work: set[asyncio.Task[None]] = set()  # with a capacity: each received message's processing
         self._failure: ConfigurationError | None = None
         self._depth_known_at = -math.inf  # monotonic time of the last depth read or trigger
+        self._unseen = True  # the queue may hold messages leased by others (see _idle_wait)
 
     @property
     def name(self) -> str:
@@ -238,10 +253,12 @@ class QueueListener:
             self._start_tasks(1)
             try:
                 await self._supervise()
+                await asyncio.gather(*self._work, return_exceptions=True)  # what was received finishes
             finally:
-                for task in list(self._tasks):
+                running = [*self._tasks, *self._work]
+                for task in running:
                     task.cancel()
-                await asyncio.gather(*self._tasks, return_exceptions=True)
+                await asyncio.gather(*running, return_exceptions=True)
         if self._failure is not None:
             raise self._failure
 
@@ -258,6 +275,7 @@ class QueueListener:
         self._wakes += 1
         self._wakeup.set()
         self._wakeup = asyncio.Event()
+        self._unseen = True
         self._depth_known_at = time.monotonic()  # a trigger's depth is as good as a read
         self._scale_to(depth if depth is not None else self._settings.dequeue_batch_size)
 
@@ -273,11 +291,22 @@ class QueueListener:
                 return
             elif not self._settings.push:
                 self._start_tasks(1)  # pull mode always keeps one poller
-            elif not await self._wait_changed(self._safety_delay()):
+            elif not await self._wait_changed(await self._idle_wait()):
                 self._start_tasks(1, probe=True)
 
-    def _safety_delay(self) -> float:
-        return self._settings.safety_poll_interval * random.uniform(0.8, 1.2)
+    async def _idle_wait(self) -> float:
+        """Seconds a push-mode listener with no dequeue task waits before it polls unasked.
+
+        Nothing announces a message that reappears when its lease runs out (its receiver died), so
+        after it has seen work (or started), the listener reads the depth once: while the queue
+        holds more messages than the listener itself holds, someone else has them out of sight, and
+        it looks again every ``recovery_poll_interval``. Otherwise only the slow safety poll runs:
+        an idle queue costs no more requests than before."""
+        if self._unseen:
+            depth = await self._depth()
+            self._unseen = depth is None or depth > len(self._leases)
+        interval = self._settings.recovery_poll_interval if self._unseen else self._settings.safety_poll_interval
+        return interval * random.uniform(0.8, 1.2)
 
     async def _wait_changed(self, seconds: float) -> bool:
         try:
@@ -335,11 +364,14 @@ class QueueListener:
         pending: asyncio.Task[None] | None = None
         try:
             while not self._stopping.is_set():
+                if not (slots := await self._claim()):
+                    break  # stopped while waiting for a free slot
                 wakes = self._wakes
                 try:
                     with tallying(received := Tally()):
-                        messages = await self._receive()
+                        messages = await self._receive(slots)
                 except Exception as exc:
+                    self._unclaim(slots)
                     errors += 1
                     wait = backoff.pause(errors)
                     log.warning(
@@ -348,6 +380,7 @@ class QueueListener:
                     await self._sleep(wait)
                     continue
                 errors = 0
+                self._unclaim(slots - len(messages))
                 if not messages:
                     if pending is not None:
                         await pending
@@ -364,6 +397,10 @@ class QueueListener:
                     probe = False
                     await self._on_work_detected()
                 idle = 0
+                if self._capacity is not None:
+                    for message in messages:  # each starts as soon as it is received, and ends on its own
+                        self._start_work(message, received)
+                    continue
                 if pending is not None:
                     await pending
                 pending = asyncio.create_task(self._process(messages, received), name=f"{self.name}-process")
@@ -378,15 +415,38 @@ class QueueListener:
             if pending is not None:
                 await pending
 
-    async def _receive(self) -> list[QueueMessage]:
+    async def _claim(self) -> int:
+        """How many messages the next receive may take: a full batch, or with a capacity the slots
+        free (waiting for one); 0 if the listener stops meanwhile."""
+        if self._capacity is None:
+            return self._settings.dequeue_batch_size
+        taking = asyncio.ensure_future(self._capacity.take(self._settings.dequeue_batch_size))
+        stopping = asyncio.ensure_future(self._stopping.wait())
+        try:
+            await asyncio.wait([taking, stopping], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopping.cancel()
+            if not taking.done():
+                taking.cancel()  # the semaphore gives back a slot it had granted meanwhile
+            elif not taking.cancelled() and (self._stopping.is_set() or _cancelling()):
+                self._capacity.give(taking.result())
+        if not taking.done() or taking.cancelled() or self._stopping.is_set():
+            return 0
+        return taking.result()
+
+    def _unclaim(self, slots: int) -> None:
+        """Give back slots a receive did not fill."""
+        if self._capacity is not None and slots > 0:
+            self._capacity.give(slots)
+
+    async def _receive(self, count: int) -> list[QueueMessage]:
         pages = self._queue.receive_messages(
-            messages_per_page=self._settings.dequeue_batch_size,
-            max_messages=self._settings.dequeue_batch_size,
-            visibility_timeout=self._settings.visibility_timeout,
+            messages_per_page=count, max_messages=count, visibility_timeout=self._settings.visibility_timeout
         ).by_page()
         async for page in pages:
             messages = [message async for message in page]
             if messages:
+                self._unseen = True
                 self._stats.last_receive_at = time.time()
                 await self._leases.hold(messages)
             return messages
@@ -403,14 +463,32 @@ class QueueListener:
         if self._active() >= self._settings.max_tasks:
             return  # no room to scale up: the depth would change nothing, and reading it is a request
         self._depth_known_at = time.monotonic()  # the other tasks' full batches need not read it too
+        if (depth := await self._depth()) is not None:
+            self._scale_to(depth)
+
+    async def _depth(self) -> int | None:
+        """The queue's approximate message count, leased messages included (None if it cannot be read)."""
         try:
             properties = await self._queue.get_queue_properties()
         except Exception as exc:
             log.warning("could not read the depth of %s: %s", self.name, exc)
-            return
-        self._scale_to(properties.approximate_message_count or 0)
+            return None
+        return properties.approximate_message_count or 0
 
     # Acknowledgement and poison: what happens to a received batch.
+
+    def _start_work(self, message: QueueMessage, received: Tally) -> None:
+        """Process one message in a task of its own, owned by the listener; its slot is given back when it ends."""
+        task = asyncio.create_task(self._process([message], received), name=f"{self.name}-work")
+        self._work.add(task)
+        task.add_done_callback(self._work_done)
+
+    def _work_done(self, task: asyncio.Task[None]) -> None:
+        self._work.discard(task)
+        self._unclaim(1)
+        if not task.cancelled() and (error := task.exception()) is not None:
+            self._stats.task_errors += 1
+            log.error("work on %s ended with an error", self.name, exc_info=error)
 
     async def _process(self, messages: list[QueueMessage], received: Tally) -> None:
         """Poison the worn-out, hand the rest to the handler, then acknowledge them; every request
@@ -496,3 +574,9 @@ def listener_settings(settings: Settings, *, push: bool, queues: int = 1, **over
     the instance's one safety poll per ``safety_poll_interval``, each polling 1/``queues`` as often."""
     base = ListenerSettings.from_settings(settings, **overrides)
     return replace(base, push=push, safety_poll_interval=settings.safety_poll_interval * queues)
+
+
+def _cancelling() -> bool:
+    """Whether the current task is being cancelled."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0

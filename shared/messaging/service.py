@@ -19,6 +19,7 @@ from prometheus_client import CollectorRegistry
 
 from ..errors import ConfigurationError
 from ..settings import Settings
+from .capacity import Capacity
 from .listener import SCALE_RULES, Handler, QueueListener, listener_settings
 from .poison import PoisonQueue
 from .storage import Storage
@@ -66,11 +67,13 @@ class Service:
         poison: PoisonQueue,
         queues: int = 1,
         storage: Storage | None = None,
+        capacity: Capacity | None = None,
         **overrides: Any,
     ) -> QueueListener:
         """Add a listener on ``queue``, one of the role's ``queues`` listeners (see
-        :func:`~shared.messaging.listener.listener_settings`); ``overrides`` adjust its settings. A queue of
-        another account (``storage``) is polled: triggers only name the primary's queues."""
+        :func:`~shared.messaging.listener.listener_settings`); ``overrides`` adjust its settings. A
+        queue of another account (``storage``) is polled: triggers only name the primary's queues.
+        Listeners given one ``capacity`` hold no more messages, together, than it has slots."""
         push = self.triggers is not None and storage is None
         listener = QueueListener(
             queue=(storage or self.storage).queue(queue),
@@ -79,6 +82,7 @@ class Service:
             settings=listener_settings(self.settings, push=push, queues=queues, **overrides),
             scale_rule=SCALE_RULES[self.settings.scale_rule],
             counter=self.storage.counter,
+            capacity=capacity,
             burst=self.burst,
         )
         self.listeners.append(listener)

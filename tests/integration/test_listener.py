@@ -337,9 +337,9 @@ async def test_a_trigger_during_an_empty_poll_is_not_lost(storage: Storage, sett
     polled, answer = asyncio.Event(), asyncio.Event()
     receive = listener._receive
 
-    async def late_answer() -> list[QueueMessage]:
+    async def late_answer(count: int) -> list[QueueMessage]:
         """The poll reaches the queue (still empty), but its answer comes back only later."""
-        got = await receive()
+        got = await receive(count)
         polled.set()
         await answer.wait()
         return got

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from shared.messaging.capacity import Capacity
 from shared.messaging.envelope import ClaimCheck
 from shared.messaging.listener import Handler, ListenerSettings, QueueListener
 from shared.messaging.poison import PoisonQueue
@@ -18,10 +19,12 @@ def listener_on(
     *,
     queue: str | None = None,
     burst: bool = True,
+    capacity: Capacity | None = None,
     **overrides: Any,
 ) -> QueueListener:
     """A listener on ``queue`` (default: the requests queue) running ``handler``; ``overrides``
-    adjust its :class:`ListenerSettings`; ``burst`` drains the queue and returns."""
+    adjust its :class:`ListenerSettings`; ``burst`` drains the queue and returns; listeners given
+    one ``capacity`` share it."""
     claim_check = ClaimCheck(storage, container=settings.work_container, limit=settings.max_message_bytes)
     return QueueListener(
         queue=storage.queue(queue or settings.requests_queue),
@@ -29,5 +32,6 @@ def listener_on(
         poison=PoisonQueue(storage, claim_check),
         settings=ListenerSettings.from_settings(settings, **overrides),
         counter=storage.counter,
+        capacity=capacity,
         burst=burst,
     )
