@@ -33,7 +33,6 @@ from store import BatchStatus, Store
 
 from .pipeline import _batch_file, _settled
 
-ROLES = ("initiator", "processor", "controller")
 RECOVERY_MARGIN = 15.0  # seconds the bound allows past the visibility timeout
 RESTART_AFTER = 1.0  # seconds between the kill and the new process
 
