@@ -29,7 +29,7 @@ from shared.messaging.service import STATE_INTERVAL
 from shared.roles import ROLES
 from shared.settings import Settings
 
-from . import client, cost, poison
+from . import client, cost, ledger, poison
 
 if TYPE_CHECKING:
     from store import reports
@@ -349,16 +349,7 @@ def generate_command(rows: int, seed: int, fmt: str, out: Path) -> None:
     click.echo(f"wrote {rows} rows to {out}")
 
 
-@cli.command("reference")
-@click.option("--out-dir", type=click.Path(file_okay=False, path_type=Path), default=Path("."))
-def reference_command(out_dir: Path) -> None:
-    """Write the sample price book and tax table (pricebook.csv, taxes.csv)."""
-    from shared.rules.sample import write_price_book, write_tax_table
-
-    out_dir.mkdir(parents=True, exist_ok=True)
-    write_price_book(out_dir / "pricebook.csv")
-    write_tax_table(out_dir / "taxes.csv")
-    click.echo(f"wrote {out_dir / 'pricebook.csv'} and {out_dir / 'taxes.csv'}")
+ledger.add_commands(cli)  # reference, void, close, documents
 
 
 @cli.command("demo")

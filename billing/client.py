@@ -25,7 +25,7 @@ from shared.messaging.storage import Storage
 from shared.messaging.tally import Tally, tallying
 from shared.messaging.triggers import trigger_bus
 from shared.protocol import BatchRequest, request_envelope
-from shared.refstore import PRICEBOOK, TAXES, ReferenceStore
+from shared.refstore import PRICEBOOK, TAXES, ReferenceSet, ReferenceStore
 from shared.rules.batchfile import detect_format, line_blocks, read_chunks
 from shared.rules.reference import load_price_book, load_tax_table
 from shared.rules.sample import sample_price_book_bytes, sample_tax_table_bytes
@@ -136,6 +136,24 @@ async def submit(
             await container.upload_blob(REQUESTED.format(batch_id), b"", overwrite=True)
             await _announce(settings, storage)
             return Submission(batch_id, fmt, duplicate=False, requests=storage.counter.snapshot())
+
+
+async def register(settings: Settings, pricebook: bytes, taxes: bytes) -> ReferenceSet:
+    """Check a price book and a tax table, store them by content hash, and make them the registered set: what a
+    batch submitted without its own is rated with."""
+    load_price_book(pricebook)  # refuse invalid reference data before anything is stored
+    load_tax_table(taxes)
+    async with Storage(settings) as storage:
+        await storage.ensure(containers=[settings.reference_container])
+        references = ReferenceStore(storage, container=settings.reference_container)
+        return await references.register(await references.put(PRICEBOOK, pricebook), await references.put(TAXES, taxes))
+
+
+async def registered(settings: Settings) -> ReferenceSet | None:
+    """The registered set, if any."""
+    async with Storage(settings) as storage:
+        await storage.ensure(containers=[settings.reference_container])
+        return await ReferenceStore(storage, container=settings.reference_container).registered()
 
 
 async def _upload(container: ContainerClient, batch_id: str, path: Path, fmt: str) -> bool:

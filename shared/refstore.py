@@ -1,8 +1,12 @@
-"""Reference data (price books, tax tables) stored once by content hash, fetched and cached."""
+"""Reference data (price books, tax tables) stored once by content hash, fetched and cached; and the
+registered set (``billing reference set``): the price book and tax table a batch submitted without its own
+is rated with."""
 
 from __future__ import annotations
 
 import contextlib
+import json
+from dataclasses import dataclass
 
 from azure.core.exceptions import ResourceExistsError, ResourceNotFoundError
 
@@ -10,6 +14,16 @@ from .errors import PoisonMessage
 from .messaging.storage import Storage, content_hash
 
 PRICEBOOK, TAXES = "pricebook", "taxes"
+#: The blob naming the registered set (a name no content-addressed blob has).
+REGISTERED = "registered.json"
+
+
+@dataclass(frozen=True)
+class ReferenceSet:
+    """A price book and a tax table, by content hash."""
+
+    pricebook_hash: str
+    taxes_hash: str
 
 
 class ReferenceStore:
@@ -41,3 +55,19 @@ class ReferenceStore:
                 raise PoisonMessage("unknown_reference_data", f"{kind} {digest} does not match its hash")
             self._cache[kind, digest] = data
         return data
+
+    async def register(self, pricebook_hash: str, taxes_hash: str) -> ReferenceSet:
+        """Make the price book and tax table named (both stored already, see :meth:`put`) the registered set."""
+        registered = ReferenceSet(pricebook_hash, taxes_hash)
+        body = json.dumps({PRICEBOOK: pricebook_hash, TAXES: taxes_hash}).encode()
+        await self._container.upload_blob(REGISTERED, body, overwrite=True)
+        return registered
+
+    async def registered(self) -> ReferenceSet | None:
+        """The registered set, or None when none was ever registered."""
+        try:
+            stream = await self._container.download_blob(REGISTERED)
+        except ResourceNotFoundError:
+            return None
+        found = json.loads(await stream.readall())
+        return ReferenceSet(found[PRICEBOOK], found[TAXES])
