@@ -28,7 +28,6 @@ from shared.protocol import BatchRequest, request_envelope
 from shared.refstore import PRICEBOOK, TAXES, ReferenceSet, ReferenceStore
 from shared.rules.batchfile import detect_format, line_blocks, read_chunks
 from shared.rules.reference import load_price_book, load_tax_table
-from shared.rules.sample import sample_price_book_bytes, sample_tax_table_bytes
 from shared.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -41,6 +40,12 @@ UPLOADS = 4
 
 #: Where the inbox marks a batch whose request went out (a batch id has no ``/``: no clash).
 REQUESTED = "requested/{}"
+
+#: Why ``billing submit`` without its own reference data is refused when none is registered.
+NONE_REGISTERED = (
+    "no reference data registered: run `billing reference set --pricebook P --taxes T` once, "
+    "or give --pricebook and --taxes"
+)
 
 #: Batch ids name blobs and prefixes (a ``/`` would nest one batch's blobs inside another's).
 BATCH_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
@@ -91,7 +96,8 @@ async def submit(
     pricebook: Path | None = None,
     taxes: Path | None = None,
 ) -> Submission:
-    """Check ``path`` and hand it over: inbox blob, reference data, batch request message."""
+    """Check ``path`` and hand it over: inbox blob, reference data, batch request message. The price book and
+    tax table not given are the registered set's (:func:`register`); with none registered it is refused."""
     if batch_id is not None and not BATCH_ID.fullmatch(batch_id):
         raise InputError(f"batch id {batch_id!r}: use 1 to 128 letters, digits, '.', '_', ':' or '-'")
     size = path.stat().st_size
@@ -106,23 +112,26 @@ async def submit(
         await head
     else:  # the head checked while the file is hashed for the default batch id (hashing releases the GIL)
         batch_id = (await asyncio.gather(head, asyncio.to_thread(file_digest, path)))[1]
-    pricebook_bytes = pricebook.read_bytes() if pricebook else sample_price_book_bytes()
-    taxes_bytes = taxes.read_bytes() if taxes else sample_tax_table_bytes()
-    load_price_book(pricebook_bytes)  # refuse invalid reference data before anything is stored
-    load_tax_table(taxes_bytes)
+    pricebook_bytes = pricebook.read_bytes() if pricebook else None
+    taxes_bytes = taxes.read_bytes() if taxes else None
+    if pricebook_bytes is not None:  # refuse invalid reference data before anything is stored
+        load_price_book(pricebook_bytes)
+    if taxes_bytes is not None:
+        load_tax_table(taxes_bytes)
     async with Storage(settings) as storage:
         await storage.ensure_all()
         root = {telemetry.BATCH_ID: batch_id, "billing.source": path.name}
         # The batch's first requests (its request message carries them) and the root span of its trace.
         with tallying(Tally()), telemetry.span("billing submit", attributes=root):
             references = ReferenceStore(storage, container=settings.reference_container)
+            rated_with = await _reference_set(references, pricebook_bytes, taxes_bytes)
             request = BatchRequest(
                 batch_id=batch_id,
                 source=path.name,
                 blob_name=batch_id,
                 fmt=fmt,
-                pricebook_hash=await references.put(PRICEBOOK, pricebook_bytes),
-                taxes_hash=await references.put(TAXES, taxes_bytes),
+                pricebook_hash=rated_with.pricebook_hash,
+                taxes_hash=rated_with.taxes_hash,
                 accepted_at=datetime.now(UTC),
             )
             container = storage.container(settings.inbox_container)
@@ -136,6 +145,22 @@ async def submit(
             await container.upload_blob(REQUESTED.format(batch_id), b"", overwrite=True)
             await _announce(settings, storage)
             return Submission(batch_id, fmt, duplicate=False, requests=storage.counter.snapshot())
+
+
+async def _reference_set(
+    references: ReferenceStore, pricebook: bytes | None, taxes: bytes | None
+) -> ReferenceSet:
+    """The reference data a batch is rated with: those given (stored by hash), the registered set's otherwise."""
+    if pricebook is None or taxes is None:
+        registered = await references.registered()
+        if registered is None:
+            raise InputError(NONE_REGISTERED)
+    else:
+        registered = ReferenceSet("", "")
+    return ReferenceSet(
+        registered.pricebook_hash if pricebook is None else await references.put(PRICEBOOK, pricebook),
+        registered.taxes_hash if taxes is None else await references.put(TAXES, taxes),
+    )
 
 
 async def register(settings: Settings, pricebook: bytes, taxes: bytes) -> ReferenceSet:

@@ -31,6 +31,7 @@ from shared.errors import ConfigurationError
 from shared.rules.sample import generate
 from shared.settings import Settings
 from support.exact import assert_batch_exact, billing
+from support.references import sample_flags
 from support.roles import Roles
 from support.tools import KUBERNETES, OVERLAYS, render, require
 from support.waiting import wait_until
@@ -213,7 +214,7 @@ def test_a_backlog_scales_processors_out_and_back_to_zero(
     batches = {name: tmp_path / f"{name}.csv" for name in ("backlog", "later")}
     for seed, path in enumerate(batches.values(), start=21):
         generate(ROWS, path, seed=seed, reject_rate=0.02)
-    billing("submit", str(batches["backlog"]), "--batch-id", "backlog")
+    billing("submit", str(batches["backlog"]), "--batch-id", "backlog", *sample_flags(tmp_path / "ref"))
     roles.burst("initiator", settings)  # its work items wait in the input queues; nothing rates them yet
 
     events_file = tmp_path / "events.jsonl"
@@ -231,8 +232,26 @@ def test_a_backlog_scales_processors_out_and_back_to_zero(
         scaler = subprocess.Popen(command, env=os.environ, stdout=log, stderr=log)
     try:
         assert wait_until(lambda: len(events()) >= 6, 60), "the scaler polls"
-        billing("submit", str(batches["later"]), "--batch-id", "later", "--wait", "--timeout", "300")
-        billing("submit", str(batches["backlog"]), "--batch-id", "backlog", "--wait", "--timeout", "300")
+        billing(
+            "submit",
+            str(batches["later"]),
+            "--batch-id",
+            "later",
+            "--wait",
+            "--timeout",
+            "300",
+            *sample_flags(tmp_path / "ref"),
+        )
+        billing(
+            "submit",
+            str(batches["backlog"]),
+            "--batch-id",
+            "backlog",
+            "--wait",
+            "--timeout",
+            "300",
+            *sample_flags(tmp_path / "ref"),
+        )
         started = len(events())
         assert wait_until(lambda: at_rest() and len(events()) > started + 6, 120), "back to zero after the cooldown"
     finally:

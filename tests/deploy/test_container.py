@@ -22,6 +22,7 @@ import pytest
 from shared.rules.sample import generate
 from shared.settings import Settings
 from support.exact import assert_batch_exact, billing
+from support.references import sample_flags
 from support.tools import ROOT, require
 
 ROWS = 100_000
@@ -96,7 +97,9 @@ def test_a_batch_through_the_roles_as_containers_is_exact(
     batch = tmp_path / "batch.csv"
     generate(ROWS, batch, seed=13, reject_rate=0.02)
 
-    billing("submit", str(batch), "--batch-id", "containers", "--wait", "--timeout", "300")
+    billing(
+        "submit", str(batch), "--batch-id", "containers", "--wait", "--timeout", "300", *sample_flags(tmp_path / "ref")
+    )
     assert_batch_exact("containers", batch)
 
     for name in containers.values():

@@ -19,6 +19,7 @@ from shared.settings import Settings
 from store import Store
 from support.azurite import running_azurite
 from support.exact import billing
+from support.references import sample_options
 from support.roles import Roles
 
 # One line per request Azurite received: which service middleware, the method and the URL.
@@ -42,7 +43,9 @@ def test_counted_requests_equal_what_azurite_received(settings_env: Settings, ro
             update={"storage_connection_string": SecretStr(stack.connection_string() or "")}
         )
         with roles.running(settings):
-            submission = asyncio.run(client.submit(settings, batch, batch_id="counted"))
+            submission = asyncio.run(
+                client.submit(settings, batch, batch_id="counted", **sample_options(tmp_path / "ref"))
+            )
             with Store(settings.sql_url_value) as store:
                 status = progress.wait_for(store, "counted", timeout=120)
             time.sleep(2.5)  # a state refresh after the last request

@@ -14,6 +14,7 @@ from shared.messaging.storage import Storage
 from shared.rules.sample import generate
 from shared.settings import Settings
 from store import Store
+from support.references import sample_options
 from support.roles import Roles
 
 
@@ -30,7 +31,7 @@ def test_every_request_made_for_a_batch_is_counted_in_it_once(
         async with Storage(settings) as storage:
             await storage.ensure_all()
             set_up = storage.counter.total  # what ensure_all costs, made again by submit
-        submission = await client.submit(settings, batch, batch_id="counted")
+        submission = await client.submit(settings, batch, batch_id="counted", **sample_options(tmp_path / "ref"))
         return submission.requests["total"] - set_up
 
     by_client = asyncio.run(submit())

@@ -23,6 +23,7 @@ from store import FINAL_STATES, BatchStatus, Store
 from support.azurite import running_azurite
 from support.exact import billing, expected, read_raw, report, sorted_records
 from support.postgres import PostgresServer
+from support.references import sample_flags
 from support.roles import Roles
 from support.waiting import wait_until
 
@@ -57,7 +58,7 @@ def run_with_chaos(roles: Roles, batch: Path, inflict: Callable[[Roles, random.R
     """Submit ``batch``, let ``inflict`` do its damage while the roles work, wait for the end."""
     settings = Settings()
     with roles.running(settings):
-        billing("submit", str(batch), "--batch-id", "chaos")
+        billing("submit", str(batch), "--batch-id", "chaos", *sample_flags(batch.parent / "ref"))
         inflict(roles, random.Random(SEED))
         status = wait_until(lambda: final_status(settings), 600, interval=1)
     # Every role is SIGTERMed once it is up (a role still starting would die by the default action).

@@ -24,6 +24,7 @@ from shared.rules.sample import generate, sample_price_book_bytes
 from shared.settings import Settings
 from support.browser import DESKTOP, PHONE, chromium, console_server
 from support.exact import billing, expected, read_raw
+from support.references import sample_flags
 from support.roles import Roles
 
 TOKEN = "console-test-token"
@@ -95,7 +96,7 @@ def test_a_batch_watched_to_complete_its_invoices_downloads_and_escaping(
         page.goto(f"{url}/batches")
         page.evaluate("window.notReloaded = true")
 
-        billing("submit", str(path), "--batch-id", "web-1")
+        billing("submit", str(path), "--batch-id", "web-1", *sample_flags(tmp_path / "ref"))
         state = page.locator('tr[data-batch="web-1"] [data-field="state"]')
         expect(state).to_have_text("complete", timeout=180 * SECONDS)
         assert page.evaluate("window.notReloaded === true"), "the page followed the batch without a reload"
@@ -173,7 +174,7 @@ def test_a_poisoned_work_item_replayed_from_the_console_with_the_token(
     settings = Settings()
     path = tmp_path / "batch.csv"
     generate(2_000, path, seed=9)
-    billing("submit", str(path), "--batch-id", "web-poison")
+    billing("submit", str(path), "--batch-id", "web-poison", *sample_flags(tmp_path / "ref"))
     roles.burst("initiator")
     _set_price_book(settings, present=False)  # the cause
     roles.burst("processor")

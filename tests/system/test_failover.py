@@ -25,6 +25,7 @@ from store import BatchStatus, Store
 from support.azurite import running_azurite
 from support.backlog import backlog
 from support.exact import expected, read_raw, report, sorted_records
+from support.references import sample_flags
 from support.roles import Roles
 from support.waiting import wait_until
 
@@ -80,7 +81,16 @@ def test_primary_outage_mid_run_completes_exactly_through_the_backlog(
     env = {**os.environ, **settings.as_env()}
     with roles.running(settings):
         submit = subprocess.run(
-            [sys.executable, "-m", "billing", "submit", str(batch), "--batch-id", "outage"],
+            [
+                sys.executable,
+                "-m",
+                "billing",
+                "submit",
+                str(batch),
+                "--batch-id",
+                "outage",
+                *sample_flags(tmp_path / "ref"),
+            ],
             env=env,
             capture_output=True,
             text=True,

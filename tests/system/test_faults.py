@@ -21,6 +21,7 @@ from shared.settings import Settings
 from store import BatchStatus, Store
 from support.exact import expected, read_raw, report, sorted_records
 from support.fault_proxy import KINDS, SERVICES, FaultProxy
+from support.references import sample_options
 from support.roles import Roles
 from support.waiting import wait_until
 
@@ -65,7 +66,7 @@ def run_batch(
     """Submit ``batch`` with the three roles running, call ``during``, wait for the batch's end;
     return the roles' exit codes (after SIGTERM) and the batch status."""
     with roles.running(settings), Store(settings.sql_url_value) as store:
-        asyncio.run(client.submit(settings, batch, batch_id=BATCH))
+        asyncio.run(client.submit(settings, batch, batch_id=BATCH, **sample_options(batch.parent / "ref")))
         during(store)
         status = progress.wait_for(store, BATCH, timeout=180)
     return roles.returncodes, status
@@ -143,7 +144,7 @@ def test_roles_started_during_an_outage_wait_for_storage(settings_env: Settings,
             assert wait_until(all_waiting, 120, interval=0.5), roles.logs()
             assert roles.returncodes == [None, None, None], "no role gave up"
             proxy.restore()
-            asyncio.run(client.submit(settings, batch, batch_id=BATCH))
+            asyncio.run(client.submit(settings, batch, batch_id=BATCH, **sample_options(batch.parent / "ref")))
             status = progress.wait_for(store, BATCH, timeout=180)
     assert roles.returncodes == [0, 0, 0]
     assert_exact(batch, status)

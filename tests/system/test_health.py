@@ -20,6 +20,7 @@ from shared.settings import Settings
 from support.exact import billing
 from support.fault_proxy import FaultProxy
 from support.probes import by_label, probe, scrape, total
+from support.references import sample_flags
 from support.roles import Roles
 from support.waiting import wait_until
 
@@ -56,7 +57,16 @@ def test_roles_serve_health_and_metrics_that_match_the_store(
             assert probe(base, "/healthz")[0] == 200
             assert probe(base, "/readyz") == (200, "ok\n")
 
-        submit = [sys.executable, "-m", "billing", "submit", str(path), "--batch-id", "probed"]
+        submit = [
+            sys.executable,
+            "-m",
+            "billing",
+            "submit",
+            str(path),
+            "--batch-id",
+            "probed",
+            *sample_flags(tmp_path / "ref"),
+        ]
         submit += ["--wait", "--timeout", "300"]  # a batch that never completes fails the test
         with subprocess.Popen(submit, env={**os.environ, **settings.as_env()}) as waiting:
             scrapes = 0

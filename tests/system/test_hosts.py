@@ -28,6 +28,7 @@ from shared.rules.sample import generate
 from shared.settings import Settings
 from support.exact import billing, expected, read_raw, report, sorted_records
 from support.hosts import Host, HostsRefused, hosts
+from support.references import sample_flags
 from support.servicebus_broker import ServiceBusTestBroker
 from support.waiting import wait_until
 
@@ -169,7 +170,17 @@ def test_roles_on_separate_hosts(
         homes = stack.enter_context(roles_on(network, env, tmp_path))
         assert wait_until(lambda: asleep(homes), 120, interval=0.5), "every role up and idle"
 
-        submit = [sys.executable, "-m", "billing", "submit", str(path), "--batch-id", "hosts", "--wait"]
+        submit = [
+            sys.executable,
+            "-m",
+            "billing",
+            "submit",
+            str(path),
+            "--batch-id",
+            "hosts",
+            "--wait",
+            *sample_flags(tmp_path / "ref"),
+        ]
         client_env = {**env, "BILLING_HOME": str(tmp_path / "client")}
         done = subprocess.run(
             client.command([*submit, "--timeout", "300"]), env=client_env, capture_output=True, text=True, check=False

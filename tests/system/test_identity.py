@@ -47,6 +47,7 @@ from support.azurite import running_azurite, service_ports
 from support.exact import billing, expected, read_raw, report, sorted_records
 from support.identity import IdentityPlatform, make_certificates
 from support.netns import NamespaceRefused, loopback_only, namespace_of, unreachable
+from support.references import sample_flags
 from support.roles import Roles
 from support.tunnel import TunnelProxy
 
@@ -151,7 +152,9 @@ def test_a_batch_runs_exact_with_the_platform_identity_and_no_key(
             env = environment_of(pid)
             assert "BILLING_STORAGE_CONNECTION_STRING" not in env and env["BILLING_STORAGE_ACCOUNT_URL"]
             assert not any("AccountKey" in value or "SharedAccessSignature" in value for value in env.values())
-        billing("submit", str(batch), "--batch-id", batch_id, "--wait", "--timeout", "240")
+        billing(
+            "submit", str(batch), "--batch-id", batch_id, "--wait", "--timeout", "240", *sample_flags(tmp_path / "ref")
+        )
         aggregates, invoices, rejects = expected(read_raw(batch))
         got = [{**record, "quantity": Decimal(record["quantity"])} for record in report("aggregates", batch_id)]
         assert sorted_records(got) == aggregates
@@ -194,7 +197,10 @@ def test_a_refused_token_stops_each_role_with_one_clear_line_and_no_retry_storm(
             assert_isolated(setup, [process.pid for process in processes])
             codes = roles.wait(timeout=120)
         submit = subprocess.run(
-            [sys.executable, "-m", "billing", "submit", str(batch)], capture_output=True, text=True, timeout=120
+            [sys.executable, "-m", "billing", "submit", str(batch), *sample_flags(tmp_path / "ref")],
+            capture_output=True,
+            text=True,
+            timeout=120,
         )
 
     assert codes == [2, 2, 2], roles.logs()

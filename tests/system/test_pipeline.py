@@ -20,6 +20,7 @@ from shared.messaging.storage import Storage
 from shared.rules.sample import generate
 from shared.settings import Settings
 from support.exact import billing, expected, read_raw, report, sorted_records
+from support.references import sample_flags
 from support.roles import Roles
 from support.servicebus_broker import ServiceBusTestBroker
 from support.waiting import wait_until
@@ -66,10 +67,17 @@ def test_batches_in_every_format_come_out_exact(pipeline_env: Settings, roles: R
 
     with roles.running(pipeline_env):
         for batch_id, path in batches.items():
-            assert "submitted" in billing("submit", str(path), "--batch-id", batch_id).stdout
+            assert (
+                "submitted"
+                in billing("submit", str(path), "--batch-id", batch_id, *sample_flags(tmp_path / "ref")).stdout
+            )
         for batch_id, path in batches.items():
-            billing("submit", str(path), "--batch-id", batch_id, "--wait")  # exits non-zero unless complete
-        again = billing("submit", str(batches["batch-csv"]), "--batch-id", "batch-csv", "--wait")
+            billing(
+                "submit", str(path), "--batch-id", batch_id, "--wait", *sample_flags(tmp_path / "ref")
+            )  # exits non-zero unless complete
+        again = billing(
+            "submit", str(batches["batch-csv"]), "--batch-id", "batch-csv", "--wait", *sample_flags(tmp_path / "ref")
+        )
         assert "already submitted; nothing changed" in again.stdout
     assert roles.returncodes == [0, 0, 0], "every role exits 0 on SIGTERM"
 
@@ -112,7 +120,9 @@ def test_files_submitted_together_are_waited_for_together(pipeline_env: Settings
     for seed, path in enumerate(paths, start=21):
         generate(ROWS, path, seed=seed, reject_rate=0.02)
     with roles.running(pipeline_env):
-        done = billing("submit", *map(str, paths), "--wait")  # exits non-zero unless both are complete
+        done = billing(
+            "submit", *map(str, paths), "--wait", *sample_flags(tmp_path / "ref")
+        )  # exits non-zero unless both are complete
     batch_ids = re.findall(r"^batch (\S+) submitted", done.stdout, re.MULTILINE)
     assert len(batch_ids) == 2 and done.stdout.count("state: complete") == 2
     for batch_id, path in zip(batch_ids, paths, strict=True):
@@ -130,7 +140,7 @@ def test_a_complete_batch_loses_its_claim_checks_after_the_retention(
     path = tmp_path / "batch.csv"
     generate(ROWS, path, seed=11, reject_rate=0.02)
     with roles.running(pipeline_env):
-        billing("submit", str(path), "--batch-id", "swept", "--wait")
+        billing("submit", str(path), "--batch-id", "swept", "--wait", *sample_flags(tmp_path / "ref"))
         assert wait_until(
             lambda: json.loads(billing("status", "swept", "--json").stdout)["claims_deleted_at"] is not None,
             30,
@@ -176,7 +186,9 @@ def test_idle_roles_are_woken_by_triggers(trigger_env: Settings, roles: Roles, t
     generate(2_000, path, seed=9)
     with roles.running(trigger_env):
         time.sleep(3)  # every role has polled once and gone to sleep for ten minutes
-        billing("submit", str(path), "--batch-id", "woken", "--wait", "--timeout", "120")
+        billing(
+            "submit", str(path), "--batch-id", "woken", "--wait", "--timeout", "120", *sample_flags(tmp_path / "ref")
+        )
     assert roles.returncodes == [0, 0, 0]
     status = json.loads(billing("status", "woken", "--json").stdout)
     assert status["state"] == "complete" and status["rows"] == 2_000

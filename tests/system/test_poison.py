@@ -21,6 +21,7 @@ from shared.refstore import PRICEBOOK, ReferenceStore
 from shared.rules.sample import generate, sample_price_book_bytes
 from shared.settings import Settings
 from support.exact import billing, expected, read_raw, report, sorted_records
+from support.references import sample_flags
 from support.roles import Roles
 
 pytestmark = pytest.mark.usefixtures("settings_env")
@@ -54,7 +55,7 @@ def test_missing_reference_data_fails_the_batch_and_a_replay_completes_it(
     settings = Settings()
     batch = tmp_path / "batch.csv"
     generate(3_000, batch, seed=7, reject_rate=0.02)
-    billing("submit", str(batch), "--batch-id", "b-ref")
+    billing("submit", str(batch), "--batch-id", "b-ref", *sample_flags(tmp_path / "ref"))
     roles.burst("initiator")
     asyncio.run(_drop_price_book(settings))  # the cause: reference data the work items name is gone
 

@@ -12,10 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.recovery import RECOVERY_MARGIN, freeze_while_holding, queue_clients, wait_complete
+from benchmarks.recovery import RECOVERY_MARGIN, freeze_holding_work, wait_complete
 from shared.rules.sample import generate
 from shared.settings import Settings
 from support.exact import assert_batch_exact, billing
+from support.references import sample_flags
 from support.roles import Roles
 
 pytestmark = pytest.mark.slow
@@ -43,9 +44,9 @@ def test_a_role_killed_holding_leased_work_is_taken_up_within_the_lease(
     settings = Settings()
     with roles.running(settings):
         assert roles.wait_up()
-        billing("submit", str(recovery_batch), "--batch-id", "recovered")
+        billing("submit", str(recovery_batch), "--batch-id", "recovered", *sample_flags(recovery_batch.parent / "ref"))
         victim = roles.processes[roles.names.index(role)]
-        held = freeze_while_holding(victim.pid, queue_clients(settings, role))
+        held = freeze_holding_work(role, victim.pid, settings)
         roles.kill(role)
         killed_at = datetime.now(UTC)
         time.sleep(1.0)

@@ -12,6 +12,7 @@ from billing.console.render import money
 from shared.rules.sample import generate
 from shared.settings import Settings
 from support.exact import billing, expected, read_raw
+from support.references import sample_flags
 from support.roles import Roles
 
 ROWS = 2_000
@@ -31,9 +32,11 @@ def test_period_invoices_over_three_batches_equal_the_reference(
 
     with roles.running(settings_env):
         for batch_id, path in files.items():
-            billing("submit", str(path), "--batch-id", batch_id)
+            billing("submit", str(path), "--batch-id", batch_id, *sample_flags(tmp_path / "ref"))
         for batch_id, path in files.items():
-            billing("submit", str(path), "--batch-id", batch_id, "--wait")  # non-zero unless complete
+            billing(
+                "submit", str(path), "--batch-id", batch_id, "--wait", *sample_flags(tmp_path / "ref")
+            )  # non-zero unless complete
 
     done = billing("report", "invoices", "--period", "2026-03", "--format", "json")
     got = json.loads(done.stdout)

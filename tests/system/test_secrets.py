@@ -25,6 +25,7 @@ from shared.localstack import free_ports
 from shared.rules.sample import generate
 from shared.settings import Settings
 from support.azurite import running_azurite
+from support.references import sample_flags
 from support.roles import Roles
 
 ACCOUNT = "billingprod"
@@ -66,7 +67,17 @@ def test_no_secret_reaches_logs_errors_or_output(
         outputs: list[str] = []
         with roles.running(settings):
             for args in (
-                ("-v", "submit", str(batch), "--batch-id", BATCH, "--wait", "--timeout", "120"),
+                (
+                    "-v",
+                    "submit",
+                    str(batch),
+                    "--batch-id",
+                    BATCH,
+                    "--wait",
+                    "--timeout",
+                    "120",
+                    *sample_flags(tmp_path / "ref"),
+                ),
                 ("status",),
                 ("status", "--json"),
                 ("status", BATCH, "--json"),
@@ -84,7 +95,10 @@ def test_no_secret_reaches_logs_errors_or_output(
         outputs += [up.stdout, up.stderr]
         refused = [
             billing(
-                {**env, "BILLING_STORAGE_CONNECTION_STRING": connection.replace(key, wrong_key)}, "submit", str(batch)
+                {**env, "BILLING_STORAGE_CONNECTION_STRING": connection.replace(key, wrong_key)},
+                "submit",
+                str(batch),
+                *sample_flags(tmp_path / "ref"),
             ),
             billing(
                 {**env, "BILLING_STORAGE_CONNECTION_STRING": connection.replace(key, wrong_key)},
@@ -92,7 +106,13 @@ def test_no_secret_reaches_logs_errors_or_output(
                 "processor",
                 "--burst",
             ),
-            billing({**env, "BILLING_STORAGE_CONNECTION_STRING": forged}, "-v", "submit", str(batch)),
+            billing(
+                {**env, "BILLING_STORAGE_CONNECTION_STRING": forged},
+                "-v",
+                "submit",
+                str(batch),
+                *sample_flags(tmp_path / "ref"),
+            ),
             billing({**env, "BILLING_SQL_URL": sql_with_password}, "-v", "status"),
         ]
     for done in refused:

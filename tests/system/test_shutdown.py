@@ -15,6 +15,7 @@ from shared.rules.sample import generate
 from shared.settings import Settings
 from store import BatchStatus, Store
 from support.exact import billing, expected, read_raw, report, sorted_records
+from support.references import sample_flags
 from support.roles import Roles
 from support.waiting import wait_until
 
@@ -55,7 +56,7 @@ def test_stopped_mid_batch_then_restarted_completes_exactly(
     batch = tmp_path / "batch.csv"
     generate(ROWS, batch, seed=21, reject_rate=0.01)
     with roles.running(settings):
-        billing("submit", str(batch), "--batch-id", "stopped")
+        billing("submit", str(batch), "--batch-id", "stopped", *sample_flags(tmp_path / "ref"))
         assert wait_until(lambda: (s := batch_status(settings)) is not None and s.completed_items > 0, 120)
 
         stopped_at = time.monotonic()

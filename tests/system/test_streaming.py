@@ -18,6 +18,7 @@ from shared.messaging.storage import Storage
 from shared.rules.sample import generate
 from shared.settings import Settings
 from support.exact import billing, report
+from support.references import sample_flags
 from support.roles import Roles
 from support.waiting import wait_until
 
@@ -60,7 +61,9 @@ def test_a_file_unreadable_past_its_head_is_refused_and_counts_nothing(
     path = tmp_path / "late-defect.csv"
     path.write_text(text[:cut] + MALFORMED + text[cut:])
 
-    submitted = billing("submit", str(path), "--batch-id", "late")  # its head is fine: accepted for now
+    submitted = billing(
+        "submit", str(path), "--batch-id", "late", *sample_flags(tmp_path / "ref")
+    )  # its head is fine: accepted for now
     assert "submitted" in submitted.stdout
     with roles.running(streaming_env):
         assert wait_until(lambda: (_status("late") or {}).get("state") == "refused", 120)

@@ -12,9 +12,11 @@ from pathlib import Path
 
 import pytest
 
+from billing import client
 from billing.client import REQUESTED
 from shared import inbox
 from shared.messaging.storage import Storage
+from shared.rules.sample import sample_price_book_bytes, sample_tax_table_bytes
 from shared.settings import Settings
 
 HEADER = "transaction_id,account_id,timestamp,product,quantity,region\n"
@@ -34,6 +36,12 @@ async def _queued_and_inbox(settings: Settings) -> tuple[int, int]:
         inbox = storage.container(settings.inbox_container)
         files = [b async for b in inbox.list_blobs() if not b.name.startswith(REQUESTED.format(""))]
     return props.approximate_message_count, len(files)
+
+
+@pytest.fixture(autouse=True)
+def sample_registered(settings_env: Settings) -> None:
+    """The sample price book and tax table registered: these tests submit without reference data of their own."""
+    asyncio.run(client.register(settings_env, sample_price_book_bytes(), sample_tax_table_bytes()))
 
 
 @pytest.fixture

@@ -35,6 +35,7 @@ from shared.settings import Settings
 from support.exact import billing
 from support.netns import NamespaceRefused, loopback_only
 from support.otlp import OtlpReceiver, ReceivedSpan
+from support.references import sample_flags
 from support.roles import Roles
 
 ROWS = 6_000
@@ -76,7 +77,7 @@ def test_a_batch_is_one_trace_across_the_roles_and_its_counts_match_status(
     generate(ROWS, path, seed=29, reject_rate=0.02)
     with roles.running(settings):
         assert roles.wait_up()
-        billing("submit", str(path), "--batch-id", "traced", "--wait")
+        billing("submit", str(path), "--batch-id", "traced", "--wait", *sample_flags(tmp_path / "ref"))
         assert {span.service for span in receiver.spans} == {"client"}, "the client flushed as it exited"
     assert roles.returncodes == [0, 0, 0]
     status = json.loads(billing("status", "traced", "--json").stdout)
@@ -138,7 +139,7 @@ def test_poisoned_work_items_and_their_failed_batch_show_in_its_trace_and_counte
     settings = Settings()
     path = tmp_path / "batch.csv"
     generate(1_500, path, seed=31)
-    billing("submit", str(path), "--batch-id", "doomed")
+    billing("submit", str(path), "--batch-id", "doomed", *sample_flags(tmp_path / "ref"))
     roles.burst("initiator")
     asyncio.run(_drop_sample_price_book(settings))
     roles.burst("processor")

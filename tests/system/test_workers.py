@@ -16,6 +16,7 @@ from shared.rules.sample import generate
 from shared.settings import Settings
 from store import Store
 from support.exact import assert_batch_exact, billing
+from support.references import sample_flags
 from support.roles import Roles
 from support.waiting import wait_until, wait_until_async
 
@@ -107,7 +108,7 @@ def test_a_killed_rating_worker_is_replaced_and_the_batch_stays_exact(
         # The processor's children: its fork server, whose children are the rating workers.
         workers = [worker for server in children(processor) for worker in children(server)]
         assert len(workers) == settings.cpu_workers, workers
-        billing("submit", str(batch), "--batch-id", "workers")
+        billing("submit", str(batch), "--batch-id", "workers", *sample_flags(tmp_path / "ref"))
 
         def rating_begun() -> bool:
             status = store.batch("workers")
