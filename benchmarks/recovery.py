@@ -2,7 +2,9 @@
 
 For each role, on a fresh local stack (Azurite, SQLite) with the product's settings: a batch is
 submitted, the role is frozen (SIGSTOP) at a moment it holds leased messages (the queue's depth, which
-counts leased messages, exceeds what a peek can see), SIGKILLed, and started again a second later.
+counts leased messages, exceeds what a peek can see) whose work it has not finished, SIGKILLed, and
+started again a second later. The controller is caught with the store locked for writing, so that what
+it holds is surely not recorded.
 Reported per role: the messages it held, the seconds from the kill to the batch complete, the bound
 (visibility timeout + 15 s), and whether every work item was counted once.
 """
@@ -12,11 +14,13 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -25,6 +29,7 @@ from azure.storage.queue import QueueClient
 from pydantic import SecretStr
 from rich.console import Console
 from rich.table import Table
+from sqlalchemy.engine import make_url
 
 from billing.demo import role_processes, start_role
 from shared.localstack import AzuriteStack
@@ -86,6 +91,30 @@ def freeze_while_holding(pid: int, clients: Sequence[QueueClient], *, timeout: f
     raise TimeoutError(f"process {pid} held no message within {timeout:.0f} s")
 
 
+def freeze_holding_work(role: str, pid: int, settings: Settings) -> int:
+    """Freeze ``role``'s process while it holds leased messages whose work it has not finished; how many."""
+    clients = queue_clients(settings, role)
+    if role != "controller":
+        return freeze_while_holding(pid, clients)
+    with store_locked(settings):  # it may receive results, but not record them
+        return freeze_while_holding(pid, clients)
+
+
+@contextmanager
+def store_locked(settings: Settings) -> Iterator[None]:
+    """The SQLite store locked for writing while the block runs."""
+    url = make_url(settings.sql_url_value)
+    if url.get_backend_name() != "sqlite" or not url.database:
+        raise ValueError(f"the store can be locked here only when it is a SQLite file, not {url.get_backend_name()}")
+    connection = sqlite3.connect(url.database, isolation_level=None, timeout=60)
+    try:
+        connection.execute("BEGIN EXCLUSIVE")
+        yield
+        connection.execute("ROLLBACK")
+    finally:
+        connection.close()
+
+
 def measure(role: str, *, rows: int, data_dir: Path, console: Console) -> Recovery:
     """One batch of ``rows`` through a fresh stack, ``role`` killed holding its messages."""
     batch = _batch_file(rows, data_dir, console)
@@ -102,7 +131,7 @@ def measure(role: str, *, rows: int, data_dir: Path, console: Console) -> Recove
                 command = [sys.executable, "-m", "billing", "submit", str(batch), "--batch-id", batch_id, *references]
                 subprocess.run(command, env=env, capture_output=True, check=True)
                 index = [str(p.args[-1]) for p in processes].index(role)  # type: ignore[index]
-                held = freeze_while_holding(processes[index].pid, queue_clients(settings, role))
+                held = freeze_holding_work(role, processes[index].pid, settings)
                 processes[index].kill()
                 processes[index].wait()
                 killed_at = datetime.now(UTC)
