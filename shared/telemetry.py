@@ -5,9 +5,10 @@ variables: OTLP over HTTP/protobuf with ``OTEL_EXPORTER_OTLP_ENDPOINT`` (or the 
 ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` / ``…_METRICS_ENDPOINT``; headers, timeouts and the rest of the
 ``OTEL_EXPORTER_OTLP_*`` and ``OTEL_BSP_*`` / ``OTEL_METRIC_EXPORT_*`` variables as the SDK reads them),
 and Azure Monitor with ``APPLICATIONINSIGHTS_CONNECTION_STRING`` (the ``[azure-monitor]`` extra, imported
-only then). ``OTEL_SDK_DISABLED=true`` turns both off. Otherwise nothing past the OpenTelemetry API is
-imported: :data:`TRACER` and :data:`METER` are the API's no-op ones (a span costs microseconds, and no
-span is made per row, only per message or work item).
+only then; with ``APPLICATIONINSIGHTS_AUTHENTICATION_STRING=Authorization=AAD`` it authenticates with an Entra
+token, :func:`azure_monitor_auth`). ``OTEL_SDK_DISABLED=true`` turns both off. Otherwise nothing past the
+OpenTelemetry API is imported: :data:`TRACER` and :data:`METER` are the API's no-op ones (a span costs
+microseconds, and no span is made per row, only per message or work item).
 
 The trace context travels in every message envelope (W3C ``traceparent``, through the propagator API,
 see :func:`carrier` and :func:`context_of`), so a batch is one trace::
@@ -130,12 +131,31 @@ def _providers(service: str, *, traces: bool, measures: bool, azure: bool) -> tu
     if azure:  # the connection string is read from the environment by the exporters themselves
         from azure.monitor.opentelemetry.exporter import AzureMonitorMetricExporter, AzureMonitorTraceExporter
 
-        span_exporters.append(AzureMonitorTraceExporter())
-        readers.append(PeriodicExportingMetricReader(AzureMonitorMetricExporter()))
+        auth = azure_monitor_auth()
+        span_exporters.append(AzureMonitorTraceExporter(**auth))
+        readers.append(PeriodicExportingMetricReader(AzureMonitorMetricExporter(**auth)))
     tracer_provider = TracerProvider(resource=resource)
     for exporter in span_exporters:
         tracer_provider.add_span_processor(BatchSpanProcessor(exporter))
     return tracer_provider, MeterProvider(resource=resource, metric_readers=readers)
+
+
+def azure_monitor_auth() -> dict[str, Any]:
+    """The Azure Monitor exporters' keyword arguments for Entra authentication: ``credential``, the
+    same chain the roles use for storage (``DefaultAzureCredential``: ``AZURE_TOKEN_CREDENTIALS`` and
+    ``AZURE_CLIENT_ID`` pick a managed or workload identity), when
+    ``APPLICATIONINSIGHTS_AUTHENTICATION_STRING`` asks for it (``Authorization=AAD``, as Application
+    Insights with local authentication off needs); none otherwise (the instrumentation key alone).
+    The exporter's own reading of that variable knows only ``ManagedIdentityCredential``, which an
+    AKS workload identity is not."""
+    pairs = (part.split("=", 1) for part in os.environ.get("APPLICATIONINSIGHTS_AUTHENTICATION_STRING", "").split(";"))
+    settings = {key.strip().lower(): value.strip() for key, *rest in pairs for value in rest[:1]}
+    if settings.get("authorization", "").upper() != "AAD":
+        return {}
+    from azure.identity import DefaultAzureCredential
+
+    client_id = settings.get("clientid") or os.environ.get("AZURE_CLIENT_ID")
+    return {"credential": DefaultAzureCredential(managed_identity_client_id=client_id)}
 
 
 @contextmanager

@@ -1,10 +1,16 @@
 // The billing pipeline's whole environment on Azure, keyless: a storage account with the pipeline's
 // queues and containers (shared keys off), a Service Bus Standard namespace with the trigger topic,
 // PostgreSQL Flexible Server with Entra authentication only, Log Analytics and Application Insights,
-// and a Container Apps environment running the three roles from one image, each scaled by KEDA
-// `azure-queue` rules on its own queues. Every role authenticates as one user-assigned identity that
-// holds exactly four data roles: Storage Queue Data Contributor and Storage Blob Data Contributor on
-// the storage account, Azure Service Bus Data Sender and Receiver on the trigger topic.
+// an Azure Container Registry, alert rules, and a Container Apps environment running the three roles
+// from one image, each scaled by KEDA `azure-queue` rules on its own queues. Every role authenticates
+// as one user-assigned identity that holds exactly these roles, each on the one resource it concerns:
+// Storage Queue Data Contributor and Storage Blob Data Contributor on the storage account, Azure
+// Service Bus Data Sender and Receiver on the trigger topic, Monitoring Metrics Publisher on Application
+// Insights (whose local authentication is off: telemetry goes in with Entra tokens), and AcrPull on the
+// registry the template creates.
+//
+// API versions are GA wherever a GA version has what is used; a preview one says why beside it
+// (tests/deploy/test_bicep.py checks both).
 //
 // Deploy: see README.md. The scale numbers equal the KEDA ScaledObjects of deploy/kubernetes
 // (tests/deploy/test_bicep.py compares them); names follow shared/settings.py.
@@ -49,11 +55,31 @@ param vnetName string = '${namePrefix}-vnet'
 
 // ---- the application ------------------------------------------------------------------------
 
-@description('The pipeline image (deploy issue: ENTRYPOINT billing, the role as command), e.g. myregistry.azurecr.io/billing:1.0.')
+@description('The pipeline image (ENTRYPOINT billing, the role as command), e.g. billingacr1234.azurecr.io/billing:1.0.')
 param image string
 
-@description('Registry to pull the image from with the identity (grant it AcrPull there, see README); empty for a public image.')
+@description('Create an Azure Container Registry (Basic, admin user off, anonymous pull off) and grant the identity AcrPull on it; false: pull from registryServer instead.')
+param createRegistry bool = true
+
+@description('Name of the registry the template creates (5-50 lowercase letters and digits, globally unique).')
+@minLength(5)
+@maxLength(50)
+param registryName string = take('${replace(namePrefix, '-', '')}acr${uniqueString(resourceGroup().id)}', 50)
+
+@description('With createRegistry false: an existing registry to pull from as the identity (grant it AcrPull there, see README); empty for a public image.')
 param registryServer string = ''
+
+@description('Deploy the Container Apps. false on a first deployment that creates the registry: push the image, then deploy again with true (README).')
+param deployApps bool = true
+
+// ---- alerts ---------------------------------------------------------------------------------
+
+@description('E-mail address the alert rules notify; empty: the alerts show in Azure Monitor only.')
+param alertEmail string = ''
+
+@description('Minutes a pipeline queue may hold work without progress before the backlog alert fires.')
+@minValue(5)
+param backlogAgeMinutes int = 15
 
 @description('BILLING_QUEUE_PREFIX: the queues are <prefix>-requests, <prefix>-input-0..N-1, <prefix>-results, each with a -poison queue.')
 @minLength(1)
@@ -132,11 +158,16 @@ var blobContainers = [
   referenceContainer
 ]
 
-// Built-in role definitions, by id: the identity holds these four and no other.
+// Built-in role definitions, by id: the identity holds these and no other.
 var storageQueueDataContributor = '974c5e8b-45b9-4653-ba55-5f855dd0fb88'
 var storageBlobDataContributor = 'ba92f5b4-2d11-453d-a403-e96b0029c9fe'
 var serviceBusDataSender = '69a216fc-b8fb-44d8-bc22-1f3c2cd27a39'
 var serviceBusDataReceiver = '4f6d3b9b-027b-4f4c-9142-0e5a2a2247e0'
+var monitoringMetricsPublisher = '3913510d-42f4-4e42-8a64-420c390055eb'
+var acrPullRole = '7f951dda-4ed3-4680-a7ca-43fe172d538d'
+
+// The registry the apps pull from: the one created here (its login server is its name), or registryServer.
+var pullServer = createRegistry ? '${registryName}.azurecr.io' : registryServer
 
 // ---- identity ---------------------------------------------------------------------------------
 
@@ -272,6 +303,8 @@ resource containers 'Microsoft.Storage/storageAccounts/blobServices/containers@2
   }
 ]
 
+// preview: no GA version of diagnosticSettings exists as an extension of any resource with categoryGroup
+// (2016-09-01, the only GA one, has neither).
 resource queueDiagnostics 'Microsoft.Insights/diagnosticSettings@2021-05-01-preview' = {
   scope: queueService
   name: 'to-log-analytics'
@@ -296,7 +329,7 @@ resource queueDiagnostics 'Microsoft.Insights/diagnosticSettings@2021-05-01-prev
 
 // ---- Service Bus: the trigger topic and one declared subscription per role ----------------------
 
-resource serviceBus 'Microsoft.ServiceBus/namespaces@2022-10-01-preview' = {
+resource serviceBus 'Microsoft.ServiceBus/namespaces@2024-01-01' = {
   name: serviceBusName
   location: location
   sku: {
@@ -310,7 +343,7 @@ resource serviceBus 'Microsoft.ServiceBus/namespaces@2022-10-01-preview' = {
   }
 }
 
-resource topic 'Microsoft.ServiceBus/namespaces/topics@2022-10-01-preview' = {
+resource topic 'Microsoft.ServiceBus/namespaces/topics@2024-01-01' = {
   parent: serviceBus
   name: triggerTopic
   properties: {
@@ -321,7 +354,7 @@ resource topic 'Microsoft.ServiceBus/namespaces/topics@2022-10-01-preview' = {
 // Declared ahead (BILLING_TRIGGER_CREATE_SUBSCRIPTION=false): creating subscriptions at run time
 // would need Azure Service Bus Data Owner. A role's replicas share its subscription, so a trigger
 // wakes one replica of each role; the others find work at start, by KEDA and the safety poll.
-resource subscriptions 'Microsoft.ServiceBus/namespaces/topics/subscriptions@2022-10-01-preview' = [
+resource subscriptions 'Microsoft.ServiceBus/namespaces/topics/subscriptions@2024-01-01' = [
   for role in [
     'initiator'
     'processor'
@@ -433,6 +466,42 @@ resource appInsights 'Microsoft.Insights/components@2020-02-02' = {
   properties: {
     Application_Type: 'other'
     WorkspaceResourceId: logs.id
+    // Entra authentication only: the instrumentation key in the connection string no longer lets
+    // anyone send telemetry. The roles' exporter authenticates as the identity, which holds
+    // Monitoring Metrics Publisher here (APPLICATIONINSIGHTS_AUTHENTICATION_STRING, shared/telemetry.py).
+    DisableLocalAuth: true
+  }
+}
+
+module alerts 'modules/alerts.bicep' = {
+  name: 'alerts'
+  params: {
+    location: location
+    workspaceId: logs.id
+    storageAccountName: storage.name
+    queuePrefix: queuePrefix
+    namePrefix: namePrefix
+    backlogAgeMinutes: backlogAgeMinutes
+    alertEmail: alertEmail
+  }
+}
+
+// ---- container registry ----------------------------------------------------------------------
+
+resource registry 'Microsoft.ContainerRegistry/registries@2023-07-01' = if (createRegistry) {
+  // checkov:skip=CKV_AZURE_163: vulnerability scanning is Microsoft Defender for Containers, a subscription-wide plan enabled outside this template
+  // checkov:skip=CKV_AZURE_166: quarantine needs the Premium tier; pushes come from the operator's own build
+  // checkov:skip=CKV_AZURE_233: zone redundancy needs the Premium tier; a lost zone delays pulls, never work in the queues
+  // checkov:skip=CKV_AZURE_139: the Container Apps environment and the operator's build push and pull over the public endpoint, with Entra tokens only (admin user off)
+  name: registryName
+  location: location
+  sku: {
+    name: 'Basic'
+  }
+  properties: {
+    adminUserEnabled: false
+    anonymousPullEnabled: false
+    publicNetworkAccess: 'Enabled'
   }
 }
 
@@ -459,6 +528,7 @@ resource appsEnvironment 'Microsoft.App/managedEnvironments@2025-01-01' = {
   }
 }
 
+// preview: as queueDiagnostics above, no GA version has categoryGroup.
 resource environmentDiagnostics 'Microsoft.Insights/diagnosticSettings@2021-05-01-preview' = {
   scope: appsEnvironment
   name: 'to-log-analytics'
@@ -534,8 +604,15 @@ var commonEnv = [
     value: string(shutdownDeadline)
   }
   {
+    // Names the resource (its instrumentation key is no credential: local authentication is off).
     name: 'APPLICATIONINSIGHTS_CONNECTION_STRING'
     value: appInsights.properties.ConnectionString
+  }
+  {
+    // Entra authentication of the exporter, as the identity (shared/telemetry.py hands it the same
+    // credential chain as the roles': AZURE_TOKEN_CREDENTIALS above).
+    name: 'APPLICATIONINSIGHTS_AUTHENTICATION_STRING'
+    value: 'Authorization=AAD;ClientId=${identity.properties.clientId}'
   }
 ]
 
@@ -611,14 +688,14 @@ var roleEnv = {
 }
 
 module apps 'modules/app.bicep' = [
-  for role in roles: {
+  for role in roles: if (deployApps) {
     name: 'app-${role.name}'
     params: {
       name: '${namePrefix}-${role.name}'
       location: location
       environmentId: appsEnvironment.id
       image: image
-      registryServer: registryServer
+      registryServer: pullServer
       role: role.name
       identityId: identity.id
       storageAccountName: storage.name
@@ -652,6 +729,12 @@ module apps 'modules/app.bicep' = [
       blobDataContributor
       topicSender
       topicReceiver
+      metricsPublisher
+      acrPull
+      // The controller logs in to PostgreSQL as the identity: it must be the server's administrator
+      // (and the database exist) before any app starts.
+      postgresIdentityAdmin
+      database
     ]
   }
 ]
@@ -698,6 +781,28 @@ resource topicReceiver 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
   }
 }
 
+// Telemetry into Application Insights with an Entra token (local authentication is off).
+resource metricsPublisher 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
+  scope: appInsights
+  name: guid(appInsights.id, identity.id, monitoringMetricsPublisher)
+  properties: {
+    roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', monitoringMetricsPublisher)
+    principalId: identity.properties.principalId
+    principalType: 'ServicePrincipal'
+  }
+}
+
+// The apps pull the image as the identity.
+resource acrPull 'Microsoft.Authorization/roleAssignments@2022-04-01' = if (createRegistry) {
+  scope: registry
+  name: guid(registry.id, identity.id, acrPullRole)
+  properties: {
+    roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', acrPullRole)
+    principalId: identity.properties.principalId
+    principalType: 'ServicePrincipal'
+  }
+}
+
 // ---- outputs: names and endpoints only --------------------------------------------------------
 
 @description('Client id of the roles\' identity (AZURE_CLIENT_ID).')
@@ -712,5 +817,11 @@ output serviceBusNamespace string = '${serviceBus.name}.servicebus.windows.net'
 @description('PostgreSQL host (private: reachable from the virtual network).')
 output postgresHost string = postgres.properties.fullyQualifiedDomainName
 
-@description('The Container Apps, one per role.')
-output appNames array = [for (role, i) in roles: apps[i].outputs.name]
+@description('The Container Apps, one per role (none with deployApps false).')
+output appNames array = [for role in roles: deployApps ? '${namePrefix}-${role.name}' : '']
+
+@description('Login server of the registry to push the image to (empty when none is created).')
+output registryLoginServer string = createRegistry ? pullServer : ''
+
+@description('The alert rules.')
+output alertRuleNames array = alerts.outputs.names

@@ -12,7 +12,11 @@ Checked: checkov finds nothing that is not skipped in place with a reason; the q
 are exactly those the app derives from its settings for the same prefix and partitions; each role
 scales on its own real queues; the apps' settings are real ``BILLING_*`` fields that, read by
 :class:`Settings`, name the queues, topic and subscriptions the template creates; the one identity
-holds exactly the four data roles, on the storage account and the trigger topic; no key, connection
+holds exactly the four data roles, on the storage account and the trigger topic, Monitoring Metrics
+Publisher on Application Insights and AcrPull on the registry the template creates; the apps wait for
+the PostgreSQL administrator; API versions are GA or a comment says why not; Application Insights takes
+Entra tokens only and the roles' exporters get the identity's credential; the alert rules watch the
+poison queues, the backlog and failed batches with queries that name what the app uses; no key, connection
 string with a key, secret or secure output appears anywhere; the scale numbers equal the KEDA
 ScaledObjects of deploy/kubernetes/base; the processor's rules ask one 1,000,000-row batch for a
 replica per input queue or more, as ``billing autoscale``'s rule does, with a queueLength that is what
@@ -38,7 +42,9 @@ import yaml
 from pycep import BicepParser
 
 from billing.autoscale import QueueTrigger, ScaleRule
+from shared import telemetry
 from shared.settings import Settings
+from store.batches import BatchState
 
 ROOT = Path(__file__).resolve().parents[2]
 AZURE = ROOT / "deploy" / "azure"
@@ -50,12 +56,15 @@ QUEUE_DATA_CONTRIBUTOR = "974c5e8b-45b9-4653-ba55-5f855dd0fb88"
 BLOB_DATA_CONTRIBUTOR = "ba92f5b4-2d11-453d-a403-e96b0029c9fe"
 SERVICE_BUS_DATA_SENDER = "69a216fc-b8fb-44d8-bc22-1f3c2cd27a39"
 SERVICE_BUS_DATA_RECEIVER = "4f6d3b9b-027b-4f4c-9142-0e5a2a2247e0"
+MONITORING_METRICS_PUBLISHER = "3913510d-42f4-4e42-8a64-420c390055eb"
+ACR_PULL = "7f951dda-4ed3-4680-a7ca-43fe172d538d"
 ROLES = ("initiator", "processor", "controller")
 # Variables the apps get beside BILLING_* settings: standard names read by azure-identity and OpenTelemetry.
 STANDARD_ENV = {
     "AZURE_CLIENT_ID",
     "AZURE_TOKEN_CREDENTIALS",
     "APPLICATIONINSIGHTS_CONNECTION_STRING",
+    "APPLICATIONINSIGHTS_AUTHENTICATION_STRING",
     "OTEL_SERVICE_NAME",
 }
 REQUIRED = {"image": "example.azurecr.io/billing:1.0"}
@@ -134,9 +143,11 @@ class Template:
             return node
         if "loop_type" in node:
             return self._loop(node, local)
-        if "function" in node:
+        # An expression is a one-key object {"function"|"operator": {...}}; an object property of that
+        # name (a log alert's criterion has an "operator") is not.
+        if len(node) == 1 and isinstance(node.get("function"), dict):
             return self._call(node["function"], local)
-        if "operator" in node:
+        if len(node) == 1 and isinstance(node.get("operator"), dict):
             return self._operator(node["operator"], local)
         # Keys are names, or interpolated strings: never symbols.
         return {str(self._interpolate(key.strip("'"), local)): self.eval(value, local) for key, value in node.items()}
@@ -148,17 +159,25 @@ class Template:
         return _INTERPOLATION.sub(lambda m: str(self._path(m.group(1), local)), text)
 
     def _loop(self, node: dict[str, Any], local: dict[str, Any]) -> list[Any]:
+        """A ``[for ...: if (condition) {...}]``: the items whose condition is not false (a condition
+        known only at deployment counts as true)."""
         kind, detail = node["loop_type"]["type"], node["loop_type"]["detail"]
         if kind == "range":
             start = self.eval(detail["start_index"], local)
             items: list[Any] = list(range(start, start + self.eval(detail["count"], local)))
             name = detail["item_name"] or detail["index_name"]
-            return [self.eval(node["config"], {**local, name: item}) for item in items]
-        items = self.eval(detail["array_name"], local)
-        index = detail.get("index_name")
+            scopes = [{**local, name: item} for item in items]
+        else:
+            index = detail.get("index_name")
+            scopes = [
+                {**local, detail["item_name"]: item, **({index: i} if index else {})}
+                for i, item in enumerate(self.eval(detail["array_name"], local))
+            ]
+        condition = node.get("condition")
         return [
-            self.eval(node["config"], {**local, detail["item_name"]: item, **({index: i} if index else {})})
-            for i, item in enumerate(items)
+            self.eval(node["config"], scope)
+            for scope in scopes
+            if condition is None or self.eval(condition, scope) is not False
         ]
 
     def _call(self, function: dict[str, Any], local: dict[str, Any]) -> Any:
@@ -170,12 +189,22 @@ class Template:
                 return json.dumps(args[0]) if isinstance(args[0], bool) else str(args[0])
             case "subscription_resource_id":
                 return f"{args[0]}/{args[1]}"
+            case "empty" if not isinstance(args[0], Ref):
+                return len(args[0]) == 0
         return Ref(f"{function['type']}{tuple(args)}")
 
     def _operator(self, operator: dict[str, Any], local: dict[str, Any]) -> Any:
         kind, operands = operator["type"], operator["operands"]
         if kind in ("property_accessor", "index_accessor"):
             return self._access(self.eval(operands["operand_1"], local), operands["operand_2"], kind, local)
+        if kind == "not":
+            value = self.eval(operands["bool_value"], local)
+            return not value if isinstance(value, bool) else Ref(json.dumps(operator))
+        if kind == "conditional":
+            condition = self.eval(operands["condition"], local)
+            if isinstance(condition, bool):
+                return self.eval(operands["true_value" if condition else "false_value"], local)
+            return Ref(json.dumps(operator))
         if kind == "add":
             left, right = (self.eval(operands[k], local) for k in ("operand_1", "operand_2"))
             return Ref(f"{left}+{right}") if isinstance(left, Ref) or isinstance(right, Ref) else left + right
@@ -284,6 +313,10 @@ def test_app_settings_are_real_settings_naming_what_the_template_creates(size: d
         assert env["AZURE_CLIENT_ID"] == Ref("identity.properties.clientId")
         assert env["AZURE_TOKEN_CREDENTIALS"] == "ManagedIdentityCredential"  # the chain tries nothing else
         assert env["BILLING_STORAGE_ACCOUNT_URL"] == Ref("storage.properties.primaryEndpoints.queue")
+        # Telemetry with an Entra token as the identity: Application Insights takes no key.
+        assert env["APPLICATIONINSIGHTS_AUTHENTICATION_STRING"] == "Authorization=AAD;ClientId=" + str(
+            Ref("identity.properties.clientId")
+        )
         assert not {name for name in env if "CONNECTION_STRING" in name and name.startswith("BILLING_")}
         # The literal settings, read as a role reads them, name what the template created.
         literal = {name[len("BILLING_") :].lower(): v for name, v in env.items() if name.startswith("BILLING_")}
@@ -295,21 +328,26 @@ def test_app_settings_are_real_settings_naming_what_the_template_creates(size: d
     assert declared == set(ROLES)
 
 
-def test_the_identity_holds_exactly_the_four_data_roles() -> None:
-    template = _template(SIZES[0])
+@pytest.mark.parametrize("create_registry", [True, False], ids=["new-registry", "own-registry"])
+def test_the_identity_holds_exactly_its_roles_each_on_one_resource(create_registry: bool) -> None:
+    """The four data roles, Monitoring Metrics Publisher on Application Insights (telemetry with an
+    Entra token) and, when the template creates the registry, AcrPull on it; nothing else."""
+    template = Template(MAIN, {**REQUIRED, **SIZES[0], "createRegistry": create_registry})
     assignments = [
         assignment
         for declaration in template.resources("Microsoft.Authorization/roleAssignments").values()
         for assignment in template.instances(declaration)
     ]
     by_role = {a["properties"]["roleDefinitionId"].rsplit("/", 1)[1]: a for a in assignments}
-    assert len(by_role) == len(assignments) == 4
-    assert {role: by_role[role]["scope"] for role in by_role} == {
+    expected = {
         QUEUE_DATA_CONTRIBUTOR: Ref("storage"),
         BLOB_DATA_CONTRIBUTOR: Ref("storage"),
         SERVICE_BUS_DATA_SENDER: Ref("topic"),
         SERVICE_BUS_DATA_RECEIVER: Ref("topic"),
-    }
+        MONITORING_METRICS_PUBLISHER: Ref("appInsights"),
+    } | ({ACR_PULL: Ref("registry")} if create_registry else {})
+    assert len(by_role) == len(assignments) == len(expected)
+    assert {role: by_role[role]["scope"] for role in by_role} == expected
     for assignment in assignments:
         assert assignment["properties"]["principalId"] == Ref("identity.properties.principalId")
         assert assignment["properties"]["principalType"] == "ServicePrincipal"
@@ -482,3 +520,197 @@ def test_the_processor_queue_length_is_what_one_replica_holds_of_a_queue(size: d
     held = workers * (1 + int(env.get("BILLING_PREFETCH_PER_WORKER", PREFETCH_PER_WORKER)))
     lengths = {r["custom"]["metadata"]["queueLength"] for r in app["properties"]["template"]["scale"]["rules"]}
     assert lengths == {str(math.ceil(held / size["partitions"]))}, (held, lengths)
+
+
+#: A resource's type and API version as a declaration names them.
+_API_VERSION = re.compile(r"^\s*resource\s+\w+\s+'([\w./]+)@([\w-]+)'", re.MULTILINE)
+
+
+def previews_without_reason(text: str) -> list[str]:
+    """The preview API versions in a Bicep file that no comment right above the declaration explains
+    (a comment line containing ``preview:``, saying why no GA version has what is used)."""
+    lines = text.splitlines()
+    unexplained = []
+    for number, line in enumerate(lines):
+        found = _API_VERSION.match(line)
+        if not found or not found.group(2).endswith("-preview"):
+            continue
+        above = number - 1
+        comments = []
+        while above >= 0 and lines[above].strip().startswith("//"):
+            comments.append(lines[above])
+            above -= 1
+        if not any("preview:" in comment for comment in comments):
+            unexplained.append(f"{found.group(1)}@{found.group(2)}")
+    return unexplained
+
+
+def test_api_versions_are_ga_unless_a_comment_says_why_not() -> None:
+    files = sorted(AZURE.rglob("*.bicep"))
+    versions = [m.groups() for path in files for m in _API_VERSION.finditer(path.read_text())]
+    assert len(versions) > 20, versions
+    assert {path.name: previews_without_reason(path.read_text()) for path in files} == {p.name: [] for p in files}
+    # GA versions exist for these with everything used: they must not be on a preview.
+    ga = ("Microsoft.ServiceBus/", "Microsoft.Insights/components", "Microsoft.Insights/scheduledQueryRules")
+    assert [f"{t}@{v}" for t, v in versions if t.startswith(ga) and v.endswith("-preview")] == []
+    # The check can fail: a preview without its comment, or a GA type moved back to a preview.
+    main = MAIN.read_text()
+    bare = re.sub(r"^// preview:.*\n", "", main, flags=re.MULTILINE)
+    assert previews_without_reason(bare)
+    assert previews_without_reason(main.replace("namespaces@2024-01-01", "namespaces@2022-10-01-preview"))
+
+
+@pytest.mark.parametrize("size", SIZES, ids=lambda size: f"{size['queuePrefix']}-{size['partitions']}")
+def test_apps_start_after_postgres_takes_the_identity_as_administrator(size: dict[str, Any]) -> None:
+    """The controller logs in as the identity: every app waits for the server's Entra administrator
+    (and the database), as for its role assignments, queues and subscriptions."""
+    template = _template(size)
+    (apps,) = [m for m in template.doc["modules"].values() if m["detail"]["path"] == "modules/app.bicep"]
+    configs = template.instances(apps)
+    assert len(configs) == len(ROLES)
+    names = {
+        name for name, m in template.doc["modules"].items() if m["detail"]["path"] == "modules/postgres-admin.bicep"
+    }
+    assert "postgresIdentityAdmin" in names
+    for config in configs:
+        waits = {str(item) for item in config["dependsOn"]}
+        assert {str(Ref("postgresIdentityAdmin")), str(Ref("database"))} <= waits
+        resources = template.doc["resources"]
+        granted = {n for n, r in resources.items() if r["type"] == "Microsoft.Authorization/roleAssignments"}
+        assert {str(Ref(name)) for name in granted} <= waits  # AcrPull and the telemetry role too
+    assert _template({**size, "deployApps": False}).instances(apps) == []
+
+
+def test_application_insights_takes_entra_tokens_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Local authentication off; both exporters the roles build get a token credential, the roles'
+    own chain, from the variable the apps are given (shared/telemetry.py), and none without it."""
+    from opentelemetry.sdk.metrics.export import MetricExporter
+    from opentelemetry.sdk.trace.export import SpanExporter
+
+    template = _template(SIZES[0])
+    (insights,) = template.instances(template.resources("Microsoft.Insights/components")["appInsights"])
+    assert insights["properties"]["DisableLocalAuth"] is True
+    auth = _env(_apps(template)["controller"])["APPLICATIONINSIGHTS_AUTHENTICATION_STRING"]
+    client_id = "11111111-2222-3333-4444-555555555555"
+    made: list[dict[str, Any]] = []
+
+    class Spans(SpanExporter):
+        def __init__(self, **kwargs: Any) -> None:
+            made.append(kwargs)
+
+    class Metrics(MetricExporter):
+        def __init__(self, **kwargs: Any) -> None:
+            super().__init__()
+            made.append(kwargs)
+
+        def export(self, *args: Any, **kwargs: Any) -> Any:
+            raise AssertionError("nothing is exported here")
+
+        def force_flush(self, timeout_millis: float = 0) -> bool:
+            return True
+
+        def shutdown(self, timeout_millis: float = 0, **kwargs: Any) -> None:
+            pass
+
+    exporters = pytest.importorskip("azure.monitor.opentelemetry.exporter", reason="the [azure-monitor] extra")
+    monkeypatch.setattr(exporters, "AzureMonitorTraceExporter", Spans)
+    monkeypatch.setattr(exporters, "AzureMonitorMetricExporter", Metrics)
+    monkeypatch.setenv(
+        "APPLICATIONINSIGHTS_CONNECTION_STRING", "InstrumentationKey=00000000-0000-0000-0000-000000000001"
+    )
+    monkeypatch.setenv(
+        "APPLICATIONINSIGHTS_AUTHENTICATION_STRING", auth.replace(str(Ref("identity.properties.clientId")), client_id)
+    )
+    monkeypatch.setenv("AZURE_TOKEN_CREDENTIALS", "ManagedIdentityCredential")
+    tracer_provider, meter_provider = telemetry._providers("test", traces=False, measures=False, azure=True)
+    tracer_provider.shutdown()
+    meter_provider.shutdown()
+    assert len(made) == 2
+    for kwargs in made:
+        credential = kwargs["credential"]
+        assert type(credential).__name__ == "DefaultAzureCredential"
+        (chain,) = credential.credentials  # AZURE_TOKEN_CREDENTIALS: the managed identity alone
+        assert type(chain).__name__ == "ManagedIdentityCredential"
+    monkeypatch.delenv("APPLICATIONINSIGHTS_AUTHENTICATION_STRING")
+    assert telemetry.azure_monitor_auth() == {}
+
+
+def _alerts(template: Template) -> tuple[Template, list[dict[str, Any]], list[dict[str, Any]]]:
+    """The alerts module: its template, its evaluated rules and its action groups."""
+    ((module, _),) = [(m, c) for m, c in template.modules() if m.path.name == "alerts.bicep"]
+    (rules,) = module.resources("Microsoft.Insights/scheduledQueryRules").values()
+    groups = [g for d in module.resources("Microsoft.Insights/actionGroups").values() for g in module.instances(d)]
+    return module, module.instances(rules), groups
+
+
+@pytest.mark.parametrize("size", SIZES, ids=lambda size: f"{size['queuePrefix']}-{size['partitions']}")
+def test_alert_rules_watch_poison_backlog_and_failed_batches(size: dict[str, Any]) -> None:
+    """Three log alerts on the workspace that holds the queue logs and the roles' metrics: messages in
+    a poison queue, a queue with work and no progress for backlogAgeMinutes, a batch settled failed.
+    Their queries name the pipeline's account, its queues by prefix, and the counter and state the
+    controller reports (shared/telemetry.py, store.BatchState)."""
+    template = Template(MAIN, {**REQUIRED, **size, "backlogAgeMinutes": 20})
+    _, rules, groups = _alerts(template)
+    by_name = {rule["name"]: rule for rule in rules}
+    prefix = template.lookup("namePrefix")
+    assert sorted(by_name) == sorted(f"{prefix}-{name}" for name in ("poison", "backlog-age", "batch-failed"))
+    (diagnostics,) = template.instances(template.resources("Microsoft.Insights/diagnosticSettings")["queueDiagnostics"])
+    assert {log["category"] for log in diagnostics["properties"]["logs"]} >= {"StorageWrite", "StorageDelete"}
+    for rule in rules:
+        properties = rule["properties"]
+        assert rule["kind"] == "LogAlert" and properties["enabled"] is True
+        assert properties["scopes"] == [Ref("logs.id")]  # the workspace the queue logs and telemetry go to
+        (criterion,) = properties["criteria"]["allOf"]
+        assert (criterion["operator"], criterion["threshold"], criterion["timeAggregation"]) == (
+            "GreaterThan",
+            0,
+            "Count",
+        )
+        query = criterion["query"]
+        assert query.count("(") == query.count(")") and query.count('"') % 2 == 0, query
+        assert properties["actions"]["actionGroups"] == []  # no e-mail given: no action group
+    queue_logs = f'AccountName == "{Ref("storage.name")}"', f'queue startswith "{size["queuePrefix"]}-"'
+    poison = by_name[f"{prefix}-poison"]["properties"]["criteria"]["allOf"][0]["query"]
+    assert all(part in poison for part in queue_logs) and 'queue endswith "-poison"' in poison
+    backlog = by_name[f"{prefix}-backlog-age"]["properties"]["criteria"]["allOf"][0]["query"]
+    assert all(part in backlog for part in queue_logs) and 'not(queue endswith "-poison")' in backlog
+    assert "ago(20m)" in backlog
+    failed = by_name[f"{prefix}-batch-failed"]["properties"]["criteria"]["allOf"][0]["query"]
+    counter = re.search(r'Name == "([\w.]+)"', failed)
+    assert counter and f'create_counter("{counter.group(1)}"' in Path(telemetry.__file__).read_text()
+    assert f'tostring(Properties.state) == "{BatchState.failed.value}"' in failed
+    assert groups == []
+    _, rules, groups = _alerts(Template(MAIN, {**REQUIRED, **size, "alertEmail": "ops@example.com"}))
+    (group,) = groups
+    assert group["properties"]["emailReceivers"][0]["emailAddress"] == "ops@example.com"
+    assert all(rule["properties"]["actions"]["actionGroups"] == [Ref("actionGroup.id")] for rule in rules)
+
+
+def test_the_apps_pull_from_the_registry_as_the_identity() -> None:
+    """The template's registry (admin user and anonymous pull off) by default; an existing one, or a
+    public image, with createRegistry false."""
+    template = Template(MAIN, {**REQUIRED, **SIZES[0], "registryName": "billingacr01"})
+    (registry,) = template.instances(template.resources("Microsoft.ContainerRegistry/registries")["registry"])
+    assert registry["name"] == "billingacr01"
+    assert registry["properties"]["adminUserEnabled"] is False
+    assert registry["properties"]["anonymousPullEnabled"] is False
+
+    def registries(params: dict[str, Any]) -> list[Any]:
+        found = {
+            json.dumps(app["properties"]["configuration"]["registries"], default=str)
+            for app in _apps(Template(MAIN, {**REQUIRED, **SIZES[0], **params})).values()
+        }
+        (one,) = found
+        return list(json.loads(one))
+
+    identity = str(Ref("identity.id"))
+    assert registries({"registryName": "billingacr01"}) == [{"server": "billingacr01.azurecr.io", "identity": identity}]
+    own = {"createRegistry": False, "registryServer": "mine.azurecr.io"}
+    assert registries(own) == [{"server": "mine.azurecr.io", "identity": identity}]
+    assert registries({"createRegistry": False}) == []  # a public image
+    assert (
+        Template(MAIN, {**REQUIRED, "createRegistry": False}).instances(
+            template.resources("Microsoft.ContainerRegistry/registries")["registry"]
+        )
+        == []
+    )
