@@ -379,6 +379,16 @@ def bench_listener_command(trials: int, idle_seconds: float, output: Path) -> No
     _benchmark("listener").run(trials=trials, idle_seconds=idle_seconds, output=output, console=console)
 
 
+@cli.command("bench-recovery")
+@click.option("--rows", default=300_000, show_default=True, help="Transactions in the batch.")
+@click.option("--role", "roles", type=click.Choice(ROLES), multiple=True, help="Role to kill (default: each in turn).")
+@click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path), default=Path(".billing/bench-data"))
+@click.option("--output", type=click.Path(dir_okay=False, path_type=Path), default=Path("bench-recovery.json"))
+def bench_recovery_command(rows: int, roles: tuple[str, ...], data_dir: Path, output: Path) -> None:
+    """Kill each role while it holds its messages, restart it 1 s later: seconds from the kill to the batch complete."""
+    _benchmark("recovery").run(rows=rows, roles=roles or ROLES, data_dir=data_dir, output=output, console=console)
+
+
 @cli.command("bench")
 @click.option("--rows", type=int, default=1_000_000, show_default=True, help="The large batch (optimised pipeline).")
 @click.option("--compare-rows", type=int, default=5_000, show_default=True, help="The batch run through both designs.")
