@@ -47,6 +47,9 @@ NONE_REGISTERED = (
     "or give --pricebook and --taxes"
 )
 
+#: Where the inbox marks a voided batch (``billing void``): its id stays taken, a new submission is refused.
+VOIDED = "voided/{}"
+
 #: Batch ids name blobs and prefixes (a ``/`` would nest one batch's blobs inside another's).
 BATCH_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 
@@ -136,6 +139,8 @@ async def submit(
             )
             container = storage.container(settings.inbox_container)
             if not await _upload(container, batch_id, path, fmt):
+                if await container.get_blob_client(VOIDED.format(batch_id)).exists():
+                    raise InputError(f"batch {batch_id} was voided: submit a corrected file under an id of its own")
                 return Submission(batch_id, fmt, duplicate=True, requests=storage.counter.snapshot())
             request = dataclasses.replace(request, uploaded_at=datetime.now(UTC))
             claim_check = ClaimCheck(storage, container=settings.work_container, limit=settings.max_message_bytes)
@@ -147,9 +152,7 @@ async def submit(
             return Submission(batch_id, fmt, duplicate=False, requests=storage.counter.snapshot())
 
 
-async def _reference_set(
-    references: ReferenceStore, pricebook: bytes | None, taxes: bytes | None
-) -> ReferenceSet:
+async def _reference_set(references: ReferenceStore, pricebook: bytes | None, taxes: bytes | None) -> ReferenceSet:
     """The reference data a batch is rated with: those given (stored by hash), the registered set's otherwise."""
     if pricebook is None or taxes is None:
         registered = await references.registered()
@@ -179,6 +182,13 @@ async def registered(settings: Settings) -> ReferenceSet | None:
     async with Storage(settings) as storage:
         await storage.ensure(containers=[settings.reference_container])
         return await ReferenceStore(storage, container=settings.reference_container).registered()
+
+
+async def mark_voided(settings: Settings, batch_id: str) -> None:
+    """Mark a batch voided in the inbox, so that submitting its id again is refused (the store voids it)."""
+    async with Storage(settings) as storage:
+        await storage.ensure(containers=[settings.inbox_container])
+        await storage.container(settings.inbox_container).upload_blob(VOIDED.format(batch_id), b"", overwrite=True)
 
 
 async def _upload(container: ContainerClient, batch_id: str, path: Path, fmt: str) -> bool:

@@ -1,5 +1,5 @@
 """``billing reference``, ``billing void``: the commands of the ledger (thin: parse, then delegate to
-:mod:`billing.client` and the store library)."""
+:mod:`billing.client` and the store library, :mod:`store.ledger`)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 
 from shared.localstack import resolve
+from shared.logs import redact
 
 
 @click.group("reference", invoke_without_command=True)
@@ -61,6 +62,29 @@ def reference_show() -> None:
     click.echo(f"taxes {registered.taxes_hash}")
 
 
+@click.command("void")
+@click.argument("batch_id")
+def void(batch_id: str) -> None:
+    """Void a complete batch: it counts nowhere from now on (its aggregates stay stored, marked voided), and its
+    batch id stays taken (submitting it again is refused). An unknown, incomplete or voided batch is refused."""
+    from store import Store
+    from store.ledger import AlreadyVoided
+    from store.ledger import void as void_batch
+
+    from . import client
+
+    settings = resolve()
+    with Store(settings.sql_url_value) as store:
+        try:
+            voided = void_batch(store.engine, batch_id)
+        except AlreadyVoided:
+            asyncio.run(client.mark_voided(settings, batch_id))  # a void whose inbox mark was never written
+            raise
+    asyncio.run(client.mark_voided(settings, batch_id))
+    click.echo(redact(f"batch {batch_id} (seq {voided.seq}) voided: it counts nowhere from now on"))
+
+
 def add_commands(group: click.Group) -> None:
     """Add the ledger's commands to the ``billing`` group."""
-    group.add_command(reference)
+    for command in (reference, void):
+        group.add_command(command)

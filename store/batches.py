@@ -67,6 +67,14 @@ class BatchStatus:
     requests: int
     updated_at: datetime
     claims_deleted_at: datetime | None
+    #: The batch's number in acceptance order (None until accepted; never for a refused batch).
+    seq: int | None = None
+    voided_at: datetime | None = None
+
+    @property
+    def voided(self) -> bool:
+        """Whether the batch was voided (it then counts nowhere; see :mod:`store.ledger`)."""
+        return self.voided_at is not None
 
     @property
     def requests_per_1000(self) -> float | None:
@@ -74,7 +82,7 @@ class BatchStatus:
         return round(self.requests * 1000 / self.accepted, 3) if self.accepted else None
 
     def to_json_dict(self) -> dict[str, Any]:
-        """JSON-safe values: ISO 8601 datetimes, latency as a float; with ``requests_per_1000``."""
+        """JSON-safe values: ISO 8601 datetimes, latency as a float; with ``requests_per_1000`` and ``voided``."""
         return {
             **{
                 key: value.isoformat() if isinstance(value, datetime) else value
@@ -82,6 +90,7 @@ class BatchStatus:
             },
             "state": self.state.value,
             "requests_per_1000": self.requests_per_1000,
+            "voided": self.voided,
         }
 
 

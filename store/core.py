@@ -49,6 +49,7 @@ from .items import (
     recorded_work_items,
     resolve_held,
 )
+from .ledger import number_batches
 from .schema import batches, work_items
 
 #: Sets a fold's sums on SQLite, binding the canonical decimal text Arrow wrote (no conversion per value).
@@ -274,13 +275,18 @@ class _Recorded:
 
 
 def _take_manifests(conn: sa.Connection, rows: Mapping[str, dict[str, Any]], manifests: Iterable[Manifest]) -> None:
-    """Fill each batch's row from its manifest unless it has one already; a refused batch forgets its counts."""
+    """Fill each batch's row from its manifest unless it has one already; a refused batch forgets its counts, an
+    accepted one gets its sequence number (:mod:`store.ledger`)."""
+    accepted = []
     for manifest in manifests:
         row = rows[manifest.batch_id]
         if row["work_items"] is None:
             fill_from_manifest(row, manifest)
             if manifest.refused is not None:
                 forget_counts(conn, row)
+            else:
+                accepted.append(row)
+    number_batches(conn, accepted)
 
 
 def _record_work_items(

@@ -9,9 +9,9 @@ aggregates, invoices per billing period, daily totals, top accounts or products 
   (``exact_sum``, Python ``Decimal``) is registered on the connection. Money comes back as Python ints in
   minor units, quantity as an exact ``Decimal``; nothing is ever a float.
 - **Which batches count**: by default every ``complete`` batch; batches named in :attr:`Filters.batches`
-  count whatever their state. Each row names the batches it sums (``batches``) and each :class:`Result`
-  lists the batches it includes and those it left out although they had matching rows (not complete yet,
-  failed), with their state.
+  count whatever their state; a voided batch never counts (:mod:`store.ledger`). Each row names the batches
+  it sums (``batches``) and each :class:`Result` lists the batches it includes and those it left out although
+  they had matching rows (not complete yet, failed, voided), with their state.
 - Rows come in key order (byte order of the text, as Python sorts) so that ``limit``/``offset`` page stably.
 """
 
@@ -39,6 +39,9 @@ MEASURES = ("transactions", "quantity", *MONEY)
 INVOICE_KEY: tuple[Dimension, ...] = ("account_id", "billing_period")
 #: Aggregates as stored, summed over batches: per (account, product, billing day, currency).
 AGGREGATE_KEY: tuple[Dimension, ...] = ("account_id", "product", "billing_day")
+
+#: What :class:`BatchRef` says of a voided batch (it counts nowhere, whatever its state).
+VOIDED = "voided"
 
 #: ``YYYY-MM``, year 0001 to 9999 (no look-ahead: JSON Schema and pydantic patterns use it too).
 PERIOD_PATTERN = r"^([0-9]{3}[1-9]|[0-9]{2}[1-9][0-9]|[0-9][1-9][0-9]{2}|[1-9][0-9]{3})-(0[1-9]|1[0-2])$"
@@ -123,7 +126,9 @@ def totals(
         rows = [_row(r._mapping, key) for r in conn.execute(query)]
         included = sorted({batch_id for row in rows for batch_id in row["batches"]})
         states = _states(conn, included) if filters.batches else dict.fromkeys(included, BatchState.complete.value)
-        excluded = [] if filters.batches else _excluded(conn, filters, sqlite)
+        excluded = _excluded(conn, filters, sqlite)
+        if filters.batches:  # those named leave out only the voided
+            excluded = [ref for ref in excluded if ref.state == VOIDED]
     return Result(key, rows, [BatchRef(b, states.get(b, "unknown")) for b in included], excluded)
 
 
@@ -245,18 +250,21 @@ def _conditions(filters: Filters, sqlite: bool, *, complete: bool = True) -> lis
         found.append(t.c.billing_day >= start)
     if end is not None:
         found.append(t.c.billing_day <= end)
-    if complete and not filters.batches:
-        found.append(batches.c.state == BatchState.complete.value)
+    if complete:
+        found.append(batches.c.voided_at.is_(None))  # a voided batch counts nowhere (store.ledger)
+        if not filters.batches:
+            found.append(batches.c.state == BatchState.complete.value)
     return found
 
 
 def _excluded(conn: sa.Connection, filters: Filters, sqlite: bool) -> list[BatchRef]:
-    """Batches not complete that have rows matching ``filters``."""
+    """Batches not complete, or voided, that have rows matching ``filters`` (a voided one's state: ``voided``)."""
     matching = sa.exists().where(
         aggregates.c.batch_id == batches.c.batch_id, *_conditions(filters, sqlite, complete=False)
     )
-    query = sa.select(batches.c.batch_id, batches.c.state).where(batches.c.state != BatchState.complete.value, matching)
-    return sorted(BatchRef(r.batch_id, r.state) for r in conn.execute(query))
+    left_out = sa.or_(batches.c.state != BatchState.complete.value, batches.c.voided_at.is_not(None))
+    query = sa.select(batches.c.batch_id, batches.c.state, batches.c.voided_at).where(left_out, matching)
+    return sorted(BatchRef(r.batch_id, VOIDED if r.voided_at else r.state) for r in conn.execute(query))
 
 
 def _states(conn: sa.Connection, batch_ids: list[str]) -> dict[str, str]:

@@ -130,6 +130,18 @@ batches = sa.Table(
     sa.Column("claims_deleted_at", UTCDateTime(), nullable=True),
     # A fresh random token on every write of the batch's aggregates: what a store's cache of them checks.
     sa.Column("fold_token", sa.String(32), nullable=True),
+    # The ledger (store.ledger): the batch's number in acceptance order (set when its manifest is recorded,
+    # never for a refused batch), and when it was voided (then it counts nowhere; its aggregates stay).
+    sa.Column("seq", sa.BigInteger, nullable=True),
+    sa.Column("voided_at", UTCDateTime(), nullable=True),
+)
+
+#: The ledger's gap-free counters (store.ledger): one row each, its ``value`` the last number handed out.
+counters = sa.Table(
+    "counters",
+    metadata,
+    sa.Column("name", sa.String(32), primary_key=True),
+    sa.Column("value", sa.BigInteger, nullable=False),
 )
 
 #: Every work item ever recorded (the idempotency key); ``poison_reason`` set when it was poisoned instead.
@@ -185,3 +197,5 @@ sa.Index("ix_aggregates_account_day", aggregates.c.account_id, aggregates.c.bill
 sa.Index("ix_aggregates_product_day", aggregates.c.product, aggregates.c.billing_day)
 sa.Index("ix_aggregates_day", aggregates.c.billing_day)
 sa.Index("ix_batches_state", batches.c.state)
+# No two batches share a sequence number (migration 0008).
+sa.Index("ux_batches_seq", batches.c.seq, unique=True)

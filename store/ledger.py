@@ -1,0 +1,78 @@
+"""The ledger across batches: sequence numbers in acceptance order, and voided batches.
+
+- **Sequence numbers.** A batch is numbered when the controller records its manifest, in the same
+  transaction, from the gap-free counter ``batch_seq`` (table ``counters``): 1, 2, 3, … in the order the
+  manifests are recorded (within one transaction by acceptance time, then id); a refused batch gets none.
+  The counter's row is updated before it is read, so concurrent transactions take numbers one after the
+  other (PostgreSQL's row lock; SQLite's ``BEGIN IMMEDIATE``) and a rolled back one gives its numbers back.
+- **Voiding** (:func:`void`): a ``complete`` batch is marked voided. Its aggregates stay stored, but it
+  counts nowhere any more (:mod:`store.queries` leaves it out of every report, query and invoice). An unknown,
+  incomplete or already voided batch is refused with :class:`LedgerError` and nothing changes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import UTC, datetime
+from typing import Any
+
+import sqlalchemy as sa
+
+from shared.errors import InputError
+
+from .batches import BatchState, BatchStatus, status
+from .engine import writing
+from .schema import batches, counters
+
+#: The counter of batch sequence numbers.
+BATCH_SEQ = "batch_seq"
+
+
+class LedgerError(InputError):
+    """A ledger operation refused (one line, nothing changed)."""
+
+
+class AlreadyVoided(LedgerError):
+    """The batch was voided before."""
+
+
+def take_numbers(conn: sa.Connection, counter: str, count: int) -> int:
+    """Take ``count`` numbers from a gap-free counter (created at 0 when missing); the first is returned. The
+    row is updated before it is read: concurrent writers queue behind its lock until this transaction ends."""
+    if count <= 0:
+        raise ValueError("take at least one number")
+    bump = sa.update(counters).where(counters.c.name == counter).values(value=counters.c.value + count)
+    if conn.execute(bump).rowcount == 0:
+        conn.execute(sa.insert(counters).values(name=counter, value=count))
+    last = conn.execute(sa.select(counters.c.value).where(counters.c.name == counter)).scalar_one()
+    return int(last) - count + 1
+
+
+def number_batches(conn: sa.Connection, rows: Iterable[dict[str, Any]]) -> None:
+    """Give each batch row (just accepted: its manifest recorded, not refused) the next sequence numbers, in
+    acceptance order (then by id)."""
+    accepted = sorted(rows, key=lambda row: (row["accepted_at"] is None, row["accepted_at"] or 0, row["batch_id"]))
+    if not accepted:
+        return
+    first = take_numbers(conn, BATCH_SEQ, len(accepted))
+    for offset, row in enumerate(accepted):
+        row["seq"] = first + offset
+
+
+def void(engine: sa.Engine, batch_id: str, *, now: datetime | None = None) -> BatchStatus:
+    """Mark a complete batch voided, in one transaction; its status after is returned. Raises
+    :class:`LedgerError` (:class:`AlreadyVoided` for a batch voided before) and changes nothing when the batch is
+    unknown, not complete or already voided."""
+    now = now or datetime.now(UTC)
+    with writing(engine) as conn:
+        locked = sa.select(batches).where(batches.c.batch_id == batch_id).with_for_update()
+        row = conn.execute(locked).mappings().first()
+        if row is None:
+            raise LedgerError(f"batch {batch_id} is unknown (never submitted, or not yet debatched): nothing voided")
+        if row["voided_at"] is not None:
+            raise AlreadyVoided(f"batch {batch_id} was voided before ({row['voided_at'].isoformat()}): nothing changed")
+        if row["state"] != BatchState.complete:
+            raise LedgerError(f"batch {batch_id} is {row['state']}, not complete: only a complete batch can be voided")
+        conn.execute(sa.update(batches).where(batches.c.batch_id == batch_id).values(voided_at=now))
+        row = conn.execute(sa.select(batches).where(batches.c.batch_id == batch_id)).mappings().one()
+    return status(row)
