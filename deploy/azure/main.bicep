@@ -1,13 +1,14 @@
 // The billing pipeline's whole environment on Azure, keyless: a storage account with the pipeline's
 // queues and containers (shared keys off), a Service Bus Standard namespace with the trigger topic,
 // PostgreSQL Flexible Server with Entra authentication only, Log Analytics and Application Insights,
-// an Azure Container Registry, alert rules, and a Container Apps environment running the three roles
-// from one image, each scaled by KEDA `azure-queue` rules on its own queues. Every role authenticates
+// an Azure Container Registry, alert rules, a Key Vault for the console's token, and a Container Apps
+// environment running the three roles from one image, each scaled by KEDA `azure-queue` rules on its
+// own queues, and the console (`billing serve`, one replica, internal HTTP ingress). Every role authenticates
 // as one user-assigned identity that holds exactly these roles, each on the one resource it concerns:
 // Storage Queue Data Contributor and Storage Blob Data Contributor on the storage account, Azure
 // Service Bus Data Sender and Receiver on the trigger topic, Monitoring Metrics Publisher on Application
-// Insights (whose local authentication is off: telemetry goes in with Entra tokens), and AcrPull on the
-// registry the template creates.
+// Insights (whose local authentication is off: telemetry goes in with Entra tokens), AcrPull on the
+// registry the template creates, and Key Vault Secrets User on the vault (the console's token).
 //
 // API versions are GA wherever a GA version has what is used; a preview one says why beside it
 // (tests/deploy/test_bicep.py checks both).
@@ -71,6 +72,22 @@ param registryServer string = ''
 
 @description('Deploy the Container Apps. false on a first deployment that creates the registry: push the image, then deploy again with true (README).')
 param deployApps bool = true
+
+// ---- the console -------------------------------------------------------------------------------
+
+@description('Deploy the console (`billing serve`) as a Container App of one replica with HTTP ingress.')
+param deployConsole bool = true
+
+@description('Console ingress from the virtual network (true) or only from the environment\'s apps (false). The environment is internal: never from the Internet.')
+param consoleExternalIngress bool = false
+
+@description('Name of the Key Vault secret holding BILLING_CONSOLE_TOKEN, set by you in the template\'s vault (README); empty: the console is read-only.')
+param consoleTokenSecretName string = ''
+
+@description('Key Vault name (3-24 letters, digits and hyphens, globally unique).')
+@minLength(3)
+@maxLength(24)
+param keyVaultName string = take('${namePrefix}-kv-${uniqueString(resourceGroup().id)}', 24)
 
 // ---- alerts ---------------------------------------------------------------------------------
 
@@ -165,6 +182,8 @@ var serviceBusDataSender = '69a216fc-b8fb-44d8-bc22-1f3c2cd27a39'
 var serviceBusDataReceiver = '4f6d3b9b-027b-4f4c-9142-0e5a2a2247e0'
 var monitoringMetricsPublisher = '3913510d-42f4-4e42-8a64-420c390055eb'
 var acrPullRole = '7f951dda-4ed3-4680-a7ca-43fe172d538d'
+var keyVaultSecretsUser = '4633458b-17de-408a-b874-0445c86b69e6'
+var consolePort = 8080 // `billing serve --port`
 
 // The registry the apps pull from: the one created here (its login server is its name), or registryServer.
 var pullServer = createRegistry ? '${registryName}.azurecr.io' : registryServer
@@ -486,6 +505,31 @@ module alerts 'modules/alerts.bicep' = {
   }
 }
 
+// ---- Key Vault: the console's token, set by the operator, read by the platform as the identity ----
+
+resource vault 'Microsoft.KeyVault/vaults@2023-07-01' = {
+  // checkov:skip=CKV_AZURE_109: the operator sets the console token from a workstation and Container Apps resolves it over the public endpoint; every request needs an Entra token with a data role (RBAC, no access policies)
+  // checkov:skip=CKV_AZURE_189: as CKV_AZURE_109: public endpoint, Entra authorization only
+  name: keyVaultName
+  location: location
+  properties: {
+    tenantId: subscription().tenantId
+    sku: {
+      family: 'A'
+      name: 'standard'
+    }
+    enableRbacAuthorization: true
+    enableSoftDelete: true
+    softDeleteRetentionInDays: 7
+    enablePurgeProtection: true
+    publicNetworkAccess: 'Enabled'
+    networkAcls: {
+      defaultAction: 'Allow'
+      bypass: 'AzureServices'
+    }
+  }
+}
+
 // ---- container registry ----------------------------------------------------------------------
 
 resource registry 'Microsoft.ContainerRegistry/registries@2023-07-01' = if (createRegistry) {
@@ -517,7 +561,7 @@ resource appsEnvironment 'Microsoft.App/managedEnvironments@2025-01-01' = {
     }
     vnetConfiguration: {
       infrastructureSubnetId: '${vnet.id}/subnets/snet-apps'
-      internal: true // the roles serve nothing; they only call out
+      internal: true // the roles only call out; the console answers the virtual network at most
     }
     workloadProfiles: [
       {
@@ -739,7 +783,40 @@ module apps 'modules/app.bicep' = [
   }
 ]
 
-// ---- the identity's four role assignments, on the resources they concern ------------------------
+module console 'modules/console.bicep' = if (deployApps && deployConsole) {
+  name: 'app-console'
+  params: {
+    name: '${namePrefix}-console'
+    location: location
+    environmentId: appsEnvironment.id
+    image: image
+    registryServer: pullServer
+    identityId: identity.id
+    // The roles' settings and the controller's SQL login: the console reads storage and the store.
+    env: concat(commonEnv, roleEnv.controller, [
+      {
+        name: 'OTEL_SERVICE_NAME'
+        value: 'billing-console'
+      }
+    ])
+    tokenSecretUrl: empty(consoleTokenSecretName) ? '' : '${vault.properties.vaultUri}secrets/${consoleTokenSecretName}'
+    externalIngress: consoleExternalIngress
+    port: consolePort
+  }
+  dependsOn: [
+    queues
+    containers
+    queueDataContributor
+    blobDataContributor
+    metricsPublisher
+    acrPull
+    vaultSecretsUser
+    postgresIdentityAdmin
+    database
+  ]
+}
+
+// ---- the identity's role assignments, on the resources they concern -----------------------------
 
 resource queueDataContributor 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
   scope: storage
@@ -792,6 +869,17 @@ resource metricsPublisher 'Microsoft.Authorization/roleAssignments@2022-04-01' =
   }
 }
 
+// The console's token: the platform reads the secret as the identity.
+resource vaultSecretsUser 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
+  scope: vault
+  name: guid(vault.id, identity.id, keyVaultSecretsUser)
+  properties: {
+    roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', keyVaultSecretsUser)
+    principalId: identity.properties.principalId
+    principalType: 'ServicePrincipal'
+  }
+}
+
 // The apps pull the image as the identity.
 resource acrPull 'Microsoft.Authorization/roleAssignments@2022-04-01' = if (createRegistry) {
   scope: registry
@@ -819,6 +907,12 @@ output postgresHost string = postgres.properties.fullyQualifiedDomainName
 
 @description('The Container Apps, one per role (none with deployApps false).')
 output appNames array = [for role in roles: deployApps ? '${namePrefix}-${role.name}' : '']
+
+@description('Host name of the console (internal ingress: from the environment; external: from the virtual network).')
+output consoleFqdn string = deployApps && deployConsole ? console.outputs.fqdn : ''
+
+@description('The Key Vault that holds the console token (az keyvault secret set --vault-name ...).')
+output keyVaultName string = vault.name
 
 @description('Login server of the registry to push the image to (empty when none is created).')
 output registryLoginServer string = createRegistry ? pullServer : ''

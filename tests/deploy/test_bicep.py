@@ -58,6 +58,7 @@ SERVICE_BUS_DATA_SENDER = "69a216fc-b8fb-44d8-bc22-1f3c2cd27a39"
 SERVICE_BUS_DATA_RECEIVER = "4f6d3b9b-027b-4f4c-9142-0e5a2a2247e0"
 MONITORING_METRICS_PUBLISHER = "3913510d-42f4-4e42-8a64-420c390055eb"
 ACR_PULL = "7f951dda-4ed3-4680-a7ca-43fe172d538d"
+KEY_VAULT_SECRETS_USER = "4633458b-17de-408a-b874-0445c86b69e6"
 ROLES = ("initiator", "processor", "controller")
 # Variables the apps get beside BILLING_* settings: standard names read by azure-identity and OpenTelemetry.
 STANDARD_ENV = {
@@ -197,6 +198,11 @@ class Template:
         kind, operands = operator["type"], operator["operands"]
         if kind in ("property_accessor", "index_accessor"):
             return self._access(self.eval(operands["operand_1"], local), operands["operand_2"], kind, local)
+        if kind in ("and", "or"):
+            left, right = (self.eval(operands[k], local) for k in ("operand_1", "operand_2"))
+            if isinstance(left, bool) and isinstance(right, bool):
+                return (left and right) if kind == "and" else (left or right)
+            return Ref(json.dumps(operator))
         if kind == "not":
             value = self.eval(operands["bool_value"], local)
             return not value if isinstance(value, bool) else Ref(json.dumps(operator))
@@ -255,6 +261,8 @@ def _apps(template: Template) -> dict[str, dict[str, Any]]:
     """Each role's Container App: the module's evaluated ``app`` resource, by role."""
     apps = {}
     for module, config in template.modules():
+        if module.path.name != "app.bicep":
+            continue
         for declaration in module.resources("Microsoft.App/containerApps").values():
             (app,) = module.instances(declaration)
             apps[config["params"]["role"]] = app
@@ -331,7 +339,8 @@ def test_app_settings_are_real_settings_naming_what_the_template_creates(size: d
 @pytest.mark.parametrize("create_registry", [True, False], ids=["new-registry", "own-registry"])
 def test_the_identity_holds_exactly_its_roles_each_on_one_resource(create_registry: bool) -> None:
     """The four data roles, Monitoring Metrics Publisher on Application Insights (telemetry with an
-    Entra token) and, when the template creates the registry, AcrPull on it; nothing else."""
+    Entra token), Key Vault Secrets User on the vault (the console's token) and, when the template
+    creates the registry, AcrPull on it; nothing else."""
     template = Template(MAIN, {**REQUIRED, **SIZES[0], "createRegistry": create_registry})
     assignments = [
         assignment
@@ -345,6 +354,7 @@ def test_the_identity_holds_exactly_its_roles_each_on_one_resource(create_regist
         SERVICE_BUS_DATA_SENDER: Ref("topic"),
         SERVICE_BUS_DATA_RECEIVER: Ref("topic"),
         MONITORING_METRICS_PUBLISHER: Ref("appInsights"),
+        KEY_VAULT_SECRETS_USER: Ref("vault"),
     } | ({ACR_PULL: Ref("registry")} if create_registry else {})
     assert len(by_role) == len(assignments) == len(expected)
     assert {role: by_role[role]["scope"] for role in by_role} == expected
@@ -359,10 +369,12 @@ def test_the_identity_holds_exactly_its_roles_each_on_one_resource(create_regist
 
 
 _SECRETS = re.compile(
-    r"\blist\w*\s*\(|AccountKey\s*=|SharedAccessKey|Password\s*=|@secure\s*\(|secretRef|\bsecrets\s*:"
+    r"\blist\w*\s*\(|AccountKey\s*=|SharedAccessKey|Password\s*=|@secure\s*\("
     r"|administratorLoginPassword|DefaultEndpointsProtocol",
     re.IGNORECASE,
 )
+#: Container Apps secrets appear only in the console, as Key Vault references (checked below).
+_APP_SECRETS = re.compile(r"secretRef|\bsecrets\s*:")
 
 
 def test_no_key_secret_or_secure_output_anywhere() -> None:
@@ -370,6 +382,8 @@ def test_no_key_secret_or_secure_output_anywhere() -> None:
     assert {path.suffix for path in files} >= {".bicep", ".md"}
     for path in files:
         found = _SECRETS.findall(path.read_text())
+        if path.name not in ("console.bicep", "README.md"):
+            found += _APP_SECRETS.findall(path.read_text())
         assert not found, f"{path.relative_to(ROOT)}: {found}"
     template = _template(SIZES[0])
     (storage,) = template.instances(template.resources("Microsoft.Storage/storageAccounts")["storage"])
@@ -577,7 +591,11 @@ def test_apps_start_after_postgres_takes_the_identity_as_administrator(size: dic
         assert {str(Ref("postgresIdentityAdmin")), str(Ref("database"))} <= waits
         resources = template.doc["resources"]
         granted = {n for n, r in resources.items() if r["type"] == "Microsoft.Authorization/roleAssignments"}
-        assert {str(Ref(name)) for name in granted} <= waits  # AcrPull and the telemetry role too
+        assert {str(Ref(name)) for name in granted - {"vaultSecretsUser"}} <= waits  # AcrPull, telemetry too
+    (console,) = [m for m in template.doc["modules"].values() if m["detail"]["path"] == "modules/console.bicep"]
+    (config,) = template.instances(console)
+    waits = {str(item) for item in config["dependsOn"]}
+    assert {str(Ref(n)) for n in ("postgresIdentityAdmin", "database", "vaultSecretsUser")} <= waits
     assert _template({**size, "deployApps": False}).instances(apps) == []
 
 
@@ -714,3 +732,53 @@ def test_the_apps_pull_from_the_registry_as_the_identity() -> None:
         )
         == []
     )
+
+
+def _console(template: Template) -> dict[str, Any] | None:
+    """The console's Container App, evaluated (None when the template deploys none)."""
+    for module, _ in template.modules():
+        if module.path.name == "console.bicep":
+            (app,) = module.instances(module.resources("Microsoft.App/containerApps")["app"])
+            return app
+    return None
+
+
+@pytest.mark.parametrize("token", ["", "console-token"], ids=["read-only", "token"])
+def test_the_console_is_one_replica_with_internal_ingress_and_a_vault_token(token: str) -> None:
+    """``billing serve`` on every address at the ingress's port, one replica, no scale rule, internal
+    ingress by default, the roles' identity and settings with the controller's SQL login; its token a
+    Key Vault reference read as the identity (no value anywhere), and no token: read-only."""
+    template = Template(MAIN, {**REQUIRED, **SIZES[0], "consoleTokenSecretName": token})
+    app = _console(template)
+    assert app is not None
+    configuration, spec = app["properties"]["configuration"], app["properties"]["template"]
+    assert configuration["ingress"]["external"] is False and configuration["ingress"]["allowInsecure"] is False
+    (container,) = spec["containers"]
+    args = container["args"]
+    assert args[0] == "serve" and args[args.index("--host") + 1] == "0.0.0.0"
+    assert int(args[args.index("--port") + 1]) == configuration["ingress"]["targetPort"]
+    assert spec["scale"] == {"minReplicas": 1, "maxReplicas": 1, "rules": []}
+    assert app["identity"] == _apps(template)["controller"]["identity"]
+    env = {item["name"]: item for item in container["env"]}
+    controller = _env(_apps(template)["controller"])
+    assert env["BILLING_SQL_URL"]["value"] == controller["BILLING_SQL_URL"]
+    assert env["BILLING_STORAGE_ACCOUNT_URL"]["value"] == controller["BILLING_STORAGE_ACCOUNT_URL"]
+    probes = {probe["type"]: probe["httpGet"]["path"] for probe in container["probes"]}
+    assert probes == {"Liveness": "/openapi.json", "Readiness": "/api/batches?limit=1"}  # no /healthz in serve
+    # Every value is literal but the token, which only ever references a Key Vault secret.
+    assert all(set(item) == {"name", "value"} for name, item in env.items() if name != "BILLING_CONSOLE_TOKEN")
+    if not token:
+        assert "BILLING_CONSOLE_TOKEN" not in env and configuration["secrets"] == []
+    else:
+        (secret,) = configuration["secrets"]
+        assert set(secret) == {"name", "keyVaultUrl", "identity"}  # never a "value"
+        assert secret["identity"] == Ref("identity.id")
+        assert secret["keyVaultUrl"] == f"{Ref('vault.properties.vaultUri')}secrets/{token}"
+        assert env["BILLING_CONSOLE_TOKEN"] == {"name": "BILLING_CONSOLE_TOKEN", "secretRef": secret["name"]}
+    (vault,) = template.instances(template.resources("Microsoft.KeyVault/vaults")["vault"])
+    assert vault["properties"]["enableRbacAuthorization"] is True  # data roles, no access policies
+    assert "accessPolicies" not in vault["properties"]
+    external = Template(MAIN, {**REQUIRED, **SIZES[0], "consoleExternalIngress": True})
+    console = _console(external)
+    assert console is not None and console["properties"]["configuration"]["ingress"]["external"] is True
+    assert _console(Template(MAIN, {**REQUIRED, **SIZES[0], "deployConsole": False})) is None

@@ -51,10 +51,25 @@ def of_kind(docs: tuple[dict[str, Any], ...], kind: str) -> list[dict[str, Any]]
     return [doc for doc in docs if doc["kind"] == kind]
 
 
-def role_deployments(docs: tuple[dict[str, Any], ...]) -> list[dict[str, Any]]:
+ROLES = ("initiator", "processor", "controller")
+
+
+def billing_deployments(docs: tuple[dict[str, Any], ...]) -> list[dict[str, Any]]:
+    """The Deployments of the billing image: the three roles and the console."""
     return [
         d for d in of_kind(docs, "Deployment") if d["metadata"]["labels"].get("app.kubernetes.io/name") == "billing"
     ]
+
+
+def role_deployments(docs: tuple[dict[str, Any], ...]) -> list[dict[str, Any]]:
+    return [d for d in billing_deployments(docs) if d["metadata"]["labels"]["app.kubernetes.io/component"] in ROLES]
+
+
+def console(docs: tuple[dict[str, Any], ...]) -> dict[str, Any]:
+    (deployment,) = [
+        d for d in billing_deployments(docs) if d["metadata"]["labels"]["app.kubernetes.io/component"] == "console"
+    ]
+    return deployment
 
 
 def billing_env(docs: tuple[dict[str, Any], ...]) -> dict[str, str]:
@@ -226,7 +241,12 @@ def test_the_azure_overlay_holds_no_secret(monkeypatch: pytest.MonkeyPatch) -> N
     password or Secret."""
     docs = rendered("azure")
     assert of_kind(docs, "Secret") == []
-    assert "secretRef" not in json.dumps(docs) and "secretKeyRef" not in json.dumps(docs)
+    # The one reference to a Secret: the console's optional token (read-only without it).
+    token = copy.deepcopy(console(docs))
+    (container,) = token["spec"]["template"]["spec"]["containers"]
+    assert container.pop("env") == [CONSOLE_TOKEN_ENV]
+    rest = [doc for doc in docs if doc is not console(docs)] + [token]
+    assert "secretRef" not in json.dumps(rest) and "secretKeyRef" not in json.dumps(rest)
     (auth,) = of_kind(docs, "TriggerAuthentication")
     assert auth["spec"] == {"podIdentity": auth["spec"]["podIdentity"]}
     assert auth["spec"]["podIdentity"]["provider"] == "azure-workload"
@@ -236,7 +256,7 @@ def test_the_azure_overlay_holds_no_secret(monkeypatch: pytest.MonkeyPatch) -> N
     assert of_kind(docs, "ConfigMap")[0]["data"]["AZURE_TOKEN_CREDENTIALS"] == "WorkloadIdentityCredential"
     for scaled in of_kind(docs, "ScaledObject"):
         assert all(t["metadata"].get("accountName") for t in scaled["spec"]["triggers"])
-    for deployment in role_deployments(docs):
+    for deployment in billing_deployments(docs):
         assert deployment["spec"]["template"]["metadata"]["labels"]["azure.workload.identity/use"] == "true"
 
 
@@ -347,3 +367,74 @@ def test_a_bare_or_misplaced_service_name_is_refused() -> None:
     assert any("azurite is neither" in problem for problem in changed("azurite"))
     assert any("no Service azurite in namespace default" in p for p in changed("azurite.default.svc.cluster.local"))
     assert any("Azurite would read the account" in problem for problem in changed(drop_flag=True))
+
+
+#: The console's token: from the Secret "billing-console" when it exists (read-only without it).
+CONSOLE_TOKEN_ENV = {
+    "name": "BILLING_CONSOLE_TOKEN",
+    "valueFrom": {"secretKeyRef": {"name": "billing-console", "key": "token", "optional": True}},
+}
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_console_is_one_replica_behind_a_cluster_service(overlay: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``billing serve`` as a Deployment of one replica that KEDA leaves alone, on every address of the
+    pod at the port its Service and probes name, with the roles' settings and pod defaults, its token
+    from an optional Secret; the Service is ClusterIP only."""
+    docs = rendered(overlay)
+    deployment = console(docs)
+    spec, pod = deployment["spec"], deployment["spec"]["template"]["spec"]
+    assert spec["replicas"] == 1
+    assert deployment["metadata"]["name"] not in {
+        s["spec"]["scaleTargetRef"]["name"] for s in of_kind(docs, "ScaledObject")
+    }
+    (container,) = pod["containers"]
+    args = container["args"]
+    assert args[0] == "serve" and args[args.index("--host") + 1] == "0.0.0.0"
+    port = int(args[args.index("--port") + 1])
+    assert container["ports"] == [{"name": "http", "containerPort": port, "protocol": "TCP"}]
+    assert CONSOLE_TOKEN_ENV in container["env"]
+    # `billing serve` takes these options (the CLI's own help).
+    from click.testing import CliRunner
+
+    from billing.cli import cli
+
+    usage = CliRunner().invoke(cli, ["serve", "--help"]).output
+    assert "--host" in usage and "--port" in usage
+    # Probes on what `billing serve` answers, not the roles' health port paths.
+    assert container["livenessProbe"]["httpGet"] == {"path": "/openapi.json", "port": "http"}
+    assert container["readinessProbe"]["httpGet"]["path"].startswith("/api/batches")
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    # The same settings as the roles (storage, SQL) and nothing BILLING_* but the token of its own.
+    roles = role_deployments(docs)[0]["spec"]["template"]["spec"]["containers"][0]
+    assert container["envFrom"] == roles["envFrom"]
+    assert [e["name"] for e in container["env"]] == ["BILLING_CONSOLE_TOKEN"]
+    (service,) = [s for s in of_kind(docs, "Service") if s["metadata"]["name"] == "billing-console"]
+    assert service["spec"]["type"] == "ClusterIP"
+    assert service["spec"]["selector"].items() <= deployment["spec"]["template"]["metadata"]["labels"].items()
+    assert [p["targetPort"] for p in service["spec"]["ports"]] == ["http"]
+    # The roles' network policy lets the Service's traffic in on the console's port.
+    policies = [p for p in of_kind(docs, "NetworkPolicy") if p["metadata"]["name"] == "billing-roles"]
+    (policy,) = policies
+    assert (
+        policy["spec"]["podSelector"]["matchLabels"].items()
+        <= deployment["spec"]["template"]["metadata"]["labels"].items()
+    )
+    assert {p["port"] for rule in policy["spec"]["ingress"] for p in rule["ports"]} >= {port}
+    settings = settings_from(billing_env(docs), monkeypatch)
+    assert settings.console_token is None  # no token in any manifest: only the optional Secret gives one
+
+
+def test_compose_runs_the_console_read_only_on_loopback() -> None:
+    """compose's console: `billing serve` on every address of its container, published on the host's
+    loopback only, its own health check (serve has no /healthz), no token unless an override gives one."""
+    services = yaml.safe_load(COMPOSE.read_text())["services"]
+    console_service = services["console"]
+    command = console_service["command"]
+    assert command[0] == "serve" and command[command.index("--host") + 1] == "0.0.0.0"
+    port = command[command.index("--port") + 1]
+    assert console_service["ports"] == [f"127.0.0.1:{port}:{port}"]
+    assert f"127.0.0.1:{port}/openapi.json" in " ".join(console_service["healthcheck"]["test"])
+    assert "BILLING_CONSOLE_TOKEN" not in console_service["environment"]
+    assert console_service["image"] == services["processor"]["image"]
