@@ -114,6 +114,19 @@ param triggerTopic string = 'billing-triggers'
 @description('Name of the PostgreSQL database the controller keeps batches in.')
 param databaseName string = 'billing'
 
+@description('How PostgreSQL is reached: private (a delegated subnet of this virtual network; an AKS cluster peers its network with it, see docs/deploy.md) or public (the firewall rules below). Entra authentication only, either way.')
+@allowed([
+  'private'
+  'public'
+])
+param postgresNetwork string = 'private'
+
+@description('With postgresNetwork public: firewall rules, [{name, startIpAddress, endIpAddress}], e.g. an AKS cluster\'s outbound addresses (deploy/azure/aks-identity.sh adds those itself).')
+param postgresFirewallRules array = []
+
+@description('With postgresNetwork public: admit connections from Azure services (the 0.0.0.0 rule). The Container Apps need it, their outbound address not being fixed; they still log in with the identity\'s token only.')
+param postgresAllowAzureServices bool = true
+
 @description('Object id of an Entra user or group that may also administer PostgreSQL (people); empty: none.')
 param postgresAdminObjectId string = ''
 
@@ -239,12 +252,22 @@ resource vnet 'Microsoft.Network/virtualNetworks@2024-05-01' = {
   }
 }
 
-resource postgresDns 'Microsoft.Network/privateDnsZones@2024-06-01' = {
+var postgresPrivate = postgresNetwork == 'private'
+var azureServicesRule = [
+  {
+    name: 'AllowAllAzureServicesAndResourcesWithinAzureIps'
+    startIpAddress: '0.0.0.0'
+    endIpAddress: '0.0.0.0'
+  }
+]
+var postgresRules = postgresPrivate ? [] : concat(postgresAllowAzureServices ? azureServicesRule : [], postgresFirewallRules)
+
+resource postgresDns 'Microsoft.Network/privateDnsZones@2024-06-01' = if (postgresPrivate) {
   name: '${postgresServerName}.private.postgres.database.azure.com'
   location: 'global'
 }
 
-resource postgresDnsLink 'Microsoft.Network/privateDnsZones/virtualNetworkLinks@2024-06-01' = {
+resource postgresDnsLink 'Microsoft.Network/privateDnsZones/virtualNetworkLinks@2024-06-01' = if (postgresPrivate) {
   parent: postgresDns
   name: vnetName
   location: 'global'
@@ -390,7 +413,7 @@ resource subscriptions 'Microsoft.ServiceBus/namespaces/topics/subscriptions@202
   }
 ]
 
-// ---- PostgreSQL: Entra authentication only, on a private subnet ---------------------------------
+// ---- PostgreSQL: Entra authentication only, on a private subnet or behind firewall rules ----------
 
 resource postgres 'Microsoft.DBforPostgreSQL/flexibleServers@2024-08-01' = {
   name: postgresServerName
@@ -412,10 +435,12 @@ resource postgres 'Microsoft.DBforPostgreSQL/flexibleServers@2024-08-01' = {
     highAvailability: {
       mode: 'Disabled'
     }
-    network: {
+    network: postgresPrivate ? {
       delegatedSubnetResourceId: '${vnet.id}/subnets/snet-postgres'
       privateDnsZoneArmResourceId: postgresDns.id
       publicNetworkAccess: 'Disabled'
+    } : {
+      publicNetworkAccess: 'Enabled'
     }
     authConfig: {
       activeDirectoryAuth: 'Enabled'
@@ -455,6 +480,23 @@ module postgresPeopleAdmin 'modules/postgres-admin.bicep' = if (!empty(postgresA
     postgresIdentityAdmin // the server takes one change at a time
   ]
 }
+
+// Public access only: who may connect at all (each still needs an Entra token of an administrator or role).
+@batchSize(1) // the server takes one change at a time
+resource postgresFirewall 'Microsoft.DBforPostgreSQL/flexibleServers/firewallRules@2024-08-01' = [
+  for rule in postgresRules: {
+    parent: postgres
+    name: rule.name
+    properties: {
+      startIpAddress: rule.startIpAddress
+      endIpAddress: rule.endIpAddress
+    }
+    dependsOn: [
+      postgresIdentityAdmin
+      postgresPeopleAdmin
+    ]
+  }
+]
 
 resource database 'Microsoft.DBforPostgreSQL/flexibleServers/databases@2024-08-01' = {
   parent: postgres
@@ -776,9 +818,10 @@ module apps 'modules/app.bicep' = [
       metricsPublisher
       acrPull
       // The controller logs in to PostgreSQL as the identity: it must be the server's administrator
-      // (and the database exist) before any app starts.
+      // (and the database exist, and a public server admit the apps) before any app starts.
       postgresIdentityAdmin
       database
+      postgresFirewall
     ]
   }
 ]
@@ -813,6 +856,7 @@ module console 'modules/console.bicep' = if (deployApps && deployConsole) {
     vaultSecretsUser
     postgresIdentityAdmin
     database
+    postgresFirewall
   ]
 }
 
@@ -902,8 +946,14 @@ output storageAccountUrl string = storage.properties.primaryEndpoints.queue
 @description('BILLING_SERVICEBUS_NAMESPACE.')
 output serviceBusNamespace string = '${serviceBus.name}.servicebus.windows.net'
 
-@description('PostgreSQL host (private: reachable from the virtual network).')
+@description('PostgreSQL host (private: reachable from the virtual network and networks peered with it and linked to its DNS zone; public: from the firewall rules\' addresses).')
 output postgresHost string = postgres.properties.fullyQualifiedDomainName
+
+@description('The virtual network an AKS cluster peers with to reach a private PostgreSQL (deploy/azure/aks-identity.sh).')
+output vnetName string = vnet.name
+
+@description('The identity\'s name: its PostgreSQL role, and the identity to federate with an AKS cluster\'s service accounts.')
+output identityName string = identity.name
 
 @description('The Container Apps, one per role (none with deployApps false).')
 output appNames array = [for role in roles: deployApps ? '${namePrefix}-${role.name}' : '']

@@ -198,6 +198,11 @@ class Template:
         kind, operands = operator["type"], operator["operands"]
         if kind in ("property_accessor", "index_accessor"):
             return self._access(self.eval(operands["operand_1"], local), operands["operand_2"], kind, local)
+        if kind in ("equals", "not_equals"):
+            left, right = (self.eval(operands[k], local) for k in ("operand_1", "operand_2"))
+            if isinstance(left, Ref) or isinstance(right, Ref):
+                return Ref(json.dumps(operator))
+            return (left == right) == (kind == "equals")
         if kind in ("and", "or"):
             left, right = (self.eval(operands[k], local) for k in ("operand_1", "operand_2"))
             if isinstance(left, bool) and isinstance(right, bool):
@@ -782,3 +787,53 @@ def test_the_console_is_one_replica_with_internal_ingress_and_a_vault_token(toke
     console = _console(external)
     assert console is not None and console["properties"]["configuration"]["ingress"]["external"] is True
     assert _console(Template(MAIN, {**REQUIRED, **SIZES[0], "deployConsole": False})) is None
+
+
+@pytest.mark.parametrize("allow_azure", [True, False], ids=["azure-services", "listed-only"])
+def test_postgres_is_private_or_public_behind_firewall_rules(allow_azure: bool) -> None:
+    """Private by default (a delegated subnet and a private DNS zone linked to the virtual network, no
+    public access); public with postgresNetwork=public, admitting only the listed addresses (an AKS
+    cluster's) and, unless switched off, Azure services (the Container Apps). Entra only either way,
+    and the apps start after the rules exist."""
+
+    def server(template: Template) -> dict[str, Any]:
+        (found,) = template.instances(template.resources("Microsoft.DBforPostgreSQL/flexibleServers")["postgres"])
+        return dict(found)
+
+    def rules(template: Template) -> list[dict[str, Any]]:
+        (declaration,) = template.resources("Microsoft.DBforPostgreSQL/flexibleServers/firewallRules").values()
+        return template.instances(declaration)
+
+    private = _template(SIZES[0])
+    assert server(private)["properties"]["network"] == {
+        "delegatedSubnetResourceId": f"{Ref('vnet.id')}/subnets/snet-postgres",
+        "privateDnsZoneArmResourceId": Ref("postgresDns.id"),
+        "publicNetworkAccess": "Disabled",
+    }
+    assert rules(private) == []
+    for name in ("postgresDns", "postgresDnsLink"):
+        (declaration,) = [d for n, d in private.doc["resources"].items() if n == name]
+        assert len(private.instances(declaration)) == 1
+    cluster = {"name": "aks-egress", "startIpAddress": "20.1.2.3", "endIpAddress": "20.1.2.3"}
+    public = Template(
+        MAIN,
+        {
+            **REQUIRED,
+            **SIZES[0],
+            "postgresNetwork": "public",
+            "postgresFirewallRules": [cluster],
+            "postgresAllowAzureServices": allow_azure,
+        },
+    )
+    properties = server(public)["properties"]
+    assert properties["network"] == {"publicNetworkAccess": "Enabled"}
+    assert properties["authConfig"]["passwordAuth"] == "Disabled"
+    expected = [{"startIpAddress": "0.0.0.0", "endIpAddress": "0.0.0.0"}] if allow_azure else []
+    assert [r["properties"] for r in rules(public)] == [
+        *expected,
+        {"startIpAddress": "20.1.2.3", "endIpAddress": "20.1.2.3"},
+    ]
+    for name in ("postgresDns", "postgresDnsLink"):
+        assert public.instances(public.doc["resources"][name]) == []
+    (apps,) = [m for m in public.doc["modules"].values() if m["detail"]["path"] == "modules/app.bicep"]
+    assert all(str(Ref("postgresFirewall")) in {str(d) for d in c["dependsOn"]} for c in public.instances(apps))
