@@ -238,7 +238,8 @@ def _idle_requests(settings: Settings, seconds: float) -> dict[str, float]:
         )
         for mode, extra in modes.items()
     }
-    warm_up = 20.0  # the back-off reaches its cap (pull) and tasks scale to zero (push)
+    _wait_up(settings.home, processes)  # a busy machine starts them slowly
+    warm_up = 20.0  # the back-off reaches its cap (pull); tasks scale to zero, the depth read once (push)
     time.sleep(warm_up)
     first = _requests(settings.home, processes)
     time.sleep(seconds)
@@ -249,6 +250,16 @@ def _idle_requests(settings: Settings, seconds: float) -> dict[str, float]:
     rates = {mode: (last[mode][0] - first[mode][0]) * 3600 / (last[mode][1] - first[mode][1]) for mode in modes}
     rates["push (local bus)"] *= SAFETY_FOR_MEASUREMENT / Settings().safety_poll_interval
     return {mode: round(rate, 1) for mode, rate in rates.items()}
+
+
+def _wait_up(home: Path, processes: Mapping[str, subprocess.Popen[bytes]], timeout: float = 120.0) -> None:
+    """Wait until each process keeps its state file (it runs its listeners)."""
+    deadline = time.monotonic() + timeout
+    for mode, process in processes.items():
+        while not (home / "state" / f"processor-{process.pid}.json").exists():
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the {mode} processor did not start within {timeout:.0f} s")
+            time.sleep(0.2)
 
 
 def _requests(
