@@ -136,6 +136,55 @@ batches = sa.Table(
     sa.Column("voided_at", UTCDateTime(), nullable=True),
 )
 
+
+def _measures() -> list[sa.Column[Any]]:
+    """A document's signed sums (new columns for each table that has them): transactions, quantity, money."""
+    return [
+        sa.Column("transactions", sa.BigInteger, nullable=False),
+        sa.Column("quantity", quantity_type(), nullable=False),
+        sa.Column("net", money_type(), nullable=False),
+        sa.Column("tax", money_type(), nullable=False),
+        sa.Column("total", money_type(), nullable=False),
+    ]
+
+
+#: Issued documents (store.documents): never updated, never deleted. ``pricebooks`` and ``tax_tables`` hold the
+#: content hashes its lines were rated with, space-separated.
+documents = sa.Table(
+    "documents",
+    metadata,
+    sa.Column("number", sa.BigInteger, primary_key=True, autoincrement=False),
+    sa.Column("kind", sa.String(16), nullable=False),
+    sa.Column("period", sa.String(7), nullable=False),
+    sa.Column("account_id", sa.String(64), nullable=False),
+    sa.Column("currency", sa.String(3), nullable=False),
+    sa.Column("issued_at", UTCDateTime(), nullable=False),
+    sa.Column("net", money_type(), nullable=False),
+    sa.Column("tax", money_type(), nullable=False),
+    sa.Column("total", money_type(), nullable=False),
+    sa.Column("pricebooks", sa.Text, nullable=False),
+    sa.Column("tax_tables", sa.Text, nullable=False),
+)
+
+#: A document's lines: the change of one product's sums.
+document_lines = sa.Table(
+    "document_lines",
+    metadata,
+    sa.Column("number", sa.BigInteger, primary_key=True, autoincrement=False),
+    sa.Column("product", sa.String(255), primary_key=True),
+    *_measures(),
+)
+
+#: What each batch changed of a document's line (the line is their sum): what is documented of a batch.
+document_batches = sa.Table(
+    "document_batches",
+    metadata,
+    sa.Column("number", sa.BigInteger, primary_key=True, autoincrement=False),
+    sa.Column("product", sa.String(255), primary_key=True),
+    sa.Column("batch_id", sa.String(255), primary_key=True),
+    *_measures(),
+)
+
 #: The ledger's gap-free counters (store.ledger): one row each, its ``value`` the last number handed out.
 counters = sa.Table(
     "counters",
@@ -199,3 +248,6 @@ sa.Index("ix_aggregates_day", aggregates.c.billing_day)
 sa.Index("ix_batches_state", batches.c.state)
 # No two batches share a sequence number (migration 0008).
 sa.Index("ux_batches_seq", batches.c.seq, unique=True)
+# Documents of a period, of an account (migration 0009).
+sa.Index("ix_documents_period_account", documents.c.period, documents.c.account_id, documents.c.currency)
+sa.Index("ix_documents_account", documents.c.account_id)

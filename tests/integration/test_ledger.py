@@ -1,5 +1,5 @@
 """The ledger in the store, on SQLite and PostgreSQL: batch sequence numbers, voided batches, and a store made
-before the ledger upgraded in place."""
+before the ledger upgraded in place, then its period closed."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ import sqlalchemy as sa
 from alembic import command
 from alembic.config import Config
 
-from store import MIGRATIONS, Store, queries, reports
+from store import MIGRATIONS, SCHEMA_REVISION, Store, queries, reports
+from store.documents import close
 from store.engine import writing
 from store.ledger import AlreadyVoided, LedgerError, void
 from store.queries import Filters
@@ -157,10 +158,18 @@ def test_a_store_made_before_the_ledger_upgrades_in_place_and_is_used(sql_url: s
     engine.dispose()
 
     with Store(sql_url) as store:  # upgrades in place
-        assert store.revision() == "0008"
+        assert store.revision() == SCHEMA_REVISION
         assert _seqs(store) == {"old-a": 1, "old-b": 2, "old-refused": None}
         assert [r["net"] for r in queries.invoices(store).rows] == [33]
         _complete(store, "new", partial("acct-1", net=5, tax=0), accepted_at=T0 + timedelta(days=1))
         assert _seqs(store)["new"] == 3
         void(store.engine, "old-b")
         assert [r["net"] for r in queries.invoices(store).rows] == [16]
+        (invoice,) = close(store.engine, "2026-03")  # its periods close
+        assert (invoice.number, invoice.kind, invoice.net, invoice.lines[0].batches) == (
+            1,
+            "invoice",
+            16,
+            ("new", "old-a"),
+        )
+        assert close(store.engine, "2026-03") == []

@@ -188,3 +188,90 @@ def raw_chunk(rows: list[dict[str, str | None]], first_row: int = 1) -> pa.Table
     columns["row"] = pa.array(range(first_row, first_row + len(rows)), pa.int64())
     columns["raw"] = pa.array([json.dumps(r, ensure_ascii=False) for r in rows], pa.string())
     return pa.table(columns)
+
+
+# -- Part 2: periods closed into documents -------------------------------------------------------------------------
+
+MEASURES = ("transactions", "quantity", "net", "tax", "total")
+
+
+@dataclass
+class Ledger:
+    """Documents as a close must issue them, from the batches' raw rows, one row at a time: what the counted
+    rows of a period add up to (complete batches, not voided), less what its documents already say, per
+    account, currency, product and batch; numbered on from 1 in (account, currency) order within a close."""
+
+    prices: dict[str, Price]
+    rates: dict[str, Decimal]
+
+    def __post_init__(self) -> None:
+        self.rated: dict[str, list[tuple[Row, Rated]]] = {}
+        self.voided: set[str] = set()
+        self.documents: list[dict[str, object]] = []
+        #: (period, account, currency, product, batch) -> measures documented so far
+        self.documented: dict[tuple[str, ...], list[Decimal]] = {}
+
+    def batch(self, batch_id: str, rows: list[dict[str, str | None]]) -> None:
+        """A batch completed with these rows."""
+        counted = [r for r in check_batch(rows, self.prices, self.rates) if isinstance(r, Row)]
+        self.rated[batch_id] = [(row, rate_row(row, self.prices, self.rates)) for row in counted]
+
+    def void(self, batch_id: str) -> None:
+        self.voided.add(batch_id)
+
+    def close(self, period: str) -> list[dict[str, object]]:
+        """The documents the close of ``period`` issues (JSON shape, without ``issued_at`` and the hashes)."""
+        billed: dict[tuple[str, ...], list[Decimal]] = {}
+        for batch_id, rated in self.rated.items():
+            if batch_id in self.voided:
+                continue
+            for row, r in rated:
+                if r.billing_day[:7] != period:
+                    continue
+                sums = billed.setdefault((period, row.account_id, r.currency, row.product, batch_id), [Decimal(0)] * 5)
+                for i, value in enumerate((1, row.quantity, r.net, r.tax, r.total)):
+                    sums[i] += value
+        changes = {}
+        for key in billed.keys() | {k for k in self.documented if k[0] == period}:
+            now, before = billed.get(key, [Decimal(0)] * 5), self.documented.get(key, [Decimal(0)] * 5)
+            change = [a - b for a, b in zip(now, before, strict=True)]
+            if any(change):
+                changes[key] = change
+        lines: dict[tuple[str, str], dict[str, list[Decimal]]] = {}
+        for (_, account, currency, product, _), change in changes.items():
+            line = lines.setdefault((account, currency), {}).setdefault(product, [Decimal(0)] * 5)
+            for i, value in enumerate(change):
+                line[i] += value
+        issued = []
+        pairs_before = {(d["account_id"], d["currency"]) for d in self.documents if d["period"] == period}
+        for account, currency in sorted(lines):
+            products = {p: s for p, s in lines[account, currency].items() if any(s)}
+            if not products:
+                continue
+            doc_lines = []
+            for product in sorted(products):
+                of_line = sorted(k[4] for k in changes if k[1:4] == (account, currency, product))
+                for batch_id in of_line:
+                    key = (period, account, currency, product, batch_id)
+                    documented = self.documented.setdefault(key, [Decimal(0)] * 5)
+                    for i, value in enumerate(changes[key]):
+                        documented[i] += value
+                s = products[product]
+                quantity = "0" if s[1] == 0 else format(s[1].normalize(), "f")
+                doc_lines.append(
+                    {"product": product, "transactions": int(s[0]), "quantity": quantity}
+                    | {"net": int(s[2]), "tax": int(s[3]), "total": int(s[4]), "batches": of_line}
+                )
+            issued.append(
+                {
+                    "number": len(self.documents) + len(issued) + 1,
+                    "kind": "adjustment" if (account, currency) in pairs_before else "invoice",
+                    "period": period,
+                    "account_id": account,
+                    "currency": currency,
+                    **{m: sum(line[m] for line in doc_lines) for m in ("net", "tax", "total")},  # type: ignore[misc]
+                    "lines": doc_lines,
+                }
+            )
+        self.documents.extend(issued)
+        return issued
