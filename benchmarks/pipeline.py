@@ -7,11 +7,18 @@ idle cost and trigger wake-up latency (:mod:`billing.listenbench`); optionally t
 partitions and processor processes. Storage requests are what every process's own request counter
 (an SDK pipeline policy) saw, all roles plus the submitting client. Every run gets a fresh Azurite
 and SQLite under a scratch home. Prints one table, writes it as JSON and draws a PNG chart.
+
+The large batch is timed as a clean file (no quoting, no padding, no extra column) and as a messy one
+(:func:`shared.rules.sample.generate`'s ``messy``: the same rows as a real export writes them), each
+on an Azurite held in memory and on one persisted to disk; the headline is the user's default: the
+messy file on the persisted Azurite that `billing up` starts. Every run records its batch's stored
+aggregates (totals per currency and a digest), so runs of any file and store can be compared exactly.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import re
@@ -20,7 +27,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
@@ -35,12 +43,19 @@ from shared.localstack import AzuriteStack
 from shared.messaging.service import STATE_INTERVAL
 from shared.rules.sample import generate, write_price_book, write_tax_table
 from shared.settings import Settings
-from store import BatchStatus, Store
+from store import BatchStatus, Store, reports
 
 from . import listener as listenbench
 from .cpu import tree_cpu_seconds
 
 Mode = Literal["optimised", "naive"]
+FileKind = Literal["clean", "messy"]
+StoreKind = Literal["memory", "disk"]
+FILES: tuple[FileKind, ...] = ("clean", "messy")
+STORES: tuple[StoreKind, ...] = ("memory", "disk")
+#: What a user runs: a real export (quoted fields, padding, extra columns) on `billing up`'s persisted Azurite.
+DEFAULT_FILE: FileKind = "messy"
+DEFAULT_STORE: StoreKind = "disk"
 
 #: What a first version would do (settings, so the same code runs both designs).
 NAIVE: dict[str, Any] = {
@@ -85,6 +100,14 @@ class PipelineRun:
     attributed_requests_per_1000: float | None  # what the batch's own status counted for it (shared.tally)
     requests_by_kind: dict[str, int]
     peak_rss_mib: dict[str, float]
+    file: FileKind = "clean"
+    store: StoreKind = "memory"  # Azurite held in memory, or persisted to disk
+    cpu_cap: float | None = None  # cores each processor (with its rating workers) was capped at
+    load_average: list[float] = field(default_factory=list)  # this machine's 1, 5, 15 min load as the run began
+    rejected: int = 0
+    items_by_processor: list[int] = field(default_factory=list)  # work items each processor handled, in order
+    totals: dict[str, dict[str, int]] = field(default_factory=dict)  # currency -> transactions, net, tax, total
+    aggregates_sha256: str = ""  # of the batches' stored aggregates: equal for runs that billed the same
 
 
 @dataclass(frozen=True)
@@ -96,6 +119,7 @@ class BenchReport:
     listener: listenbench.ListenerBench
     scaling: list[PipelineRun]
     monthly_cost: dict[str, dict[str, Any]]  # design → projection at 10 M transactions/day, 22 idle hours
+    variants: list[PipelineRun] = field(default_factory=list)  # the large batch as the other files and stores
 
 
 def monthly_costs(
@@ -119,14 +143,25 @@ def run_pipeline(
     partitions: int = 4,
     processors: int = 1,
     batches: int = 1,
+    file: FileKind = "clean",
+    store: StoreKind = "memory",
+    processor_cgroups: Sequence[Path] = (),
+    cpu_cap: float | None = None,
+    settle_seconds: float | None = None,
 ) -> PipelineRun:
-    """Generate (or reuse) ``batches`` CSV files of ``rows`` rows in all and time them through a fresh
-    local pipeline, submitted as a user does: one ``billing submit FILE... --wait`` for all of them,
-    timed from its start to its exit."""
-    files = [_batch_file(rows // batches, data_dir, console, seed=42 + number) for number in range(batches)]
+    """Generate (or reuse) ``batches`` CSV files (``file``: clean or messy) of ``rows`` rows in all and
+    time them through a fresh local pipeline on Azurite (``store``: in memory or persisted), submitted as
+    a user does: one ``billing submit FILE... --wait`` for all of them, timed from its start to its exit.
+    Each processor runs in its cgroup of ``processor_cgroups`` when given (``cpu_cap``: what they allow,
+    as recorded); the roles get ``settle_seconds`` to be idle before and after the batch."""
+    files = [
+        _batch_file(rows // batches, data_dir, console, seed=42 + number, messy=file == "messy")
+        for number in range(batches)
+    ]
+    load = [round(figure, 2) for figure in os.getloadavg()]
     with tempfile.TemporaryDirectory(prefix="billing-bench-") as scratch:
         home = Path(scratch)
-        stack = AzuriteStack(home=home, persist=False)
+        stack = AzuriteStack(home=home, persist=store == "disk")
         settings = Settings(
             home=home,
             storage_connection_string=SecretStr(stack.start()),
@@ -134,19 +169,23 @@ def run_pipeline(
             **(NAIVE if mode == "naive" else {}),
         )
         try:
-            settle = SETTLE_SECONDS[mode]
-            with role_processes(settings, home / "logs", processors=processors) as processes:
+            settle = SETTLE_SECONDS[mode] if settle_seconds is None else settle_seconds
+            with role_processes(
+                settings, home / "logs", processors=processors, processor_cgroups=processor_cgroups
+            ) as processes:
                 before = _settled(home, roles=2 + processors, timeout=settle)
                 cpu_before = _cpu(processes, stack)
                 waited = _submit_and_wait(settings, files, data_dir)
-                with Store(settings.sql_url_value) as store:
-                    statuses = [store.batch(batch_id) for batch_id in waited.batch_ids]
-                done = [status for status in statuses if status is not None and status.state == "complete"]
-                assert len(done) == batches, f"not every batch completed: {statuses}"
+                with Store(settings.sql_url_value) as sql:
+                    statuses = [sql.batch(batch_id) for batch_id in waited.batch_ids]
+                    done = [status for status in statuses if status is not None and status.state == "complete"]
+                    assert len(done) == batches, f"not every batch completed: {statuses}"
+                    billed = _billed(sql, waited.batch_ids)
                 cpu = {role: seconds - cpu_before[role] for role, seconds in _cpu(processes, stack).items()}
                 cpu["client (billing submit)"] = waited.cpu_seconds
                 time.sleep(STATE_INTERVAL + 0.5)  # no stale state file shows the roles idle
                 _settled(home, roles=2 + processors, timeout=settle)  # the wake-ups' trailing polls count too
+                processor_pids = [process.pid for process in processes[1 : 1 + processors]]
             states = [json.loads(p.read_text()) for p in sorted((home / "state").glob("*.json"))]
         finally:
             stack.stop()
@@ -184,7 +223,48 @@ def run_pipeline(
         attributed_requests_per_1000=round(1000 * attributed / max(1, accepted), 3),
         requests_by_kind=by_kind,
         peak_rss_mib=rss,
+        file=file,
+        store=store,
+        cpu_cap=cpu_cap,
+        load_average=load,
+        rejected=sum(status.rejected for status in done),
+        items_by_processor=_items_by_processor(states, processor_pids),
+        totals=billed.totals,
+        aggregates_sha256=billed.digest,
     )
+
+
+@dataclass(frozen=True)
+class _Billed:
+    """What the batches of a run stored, as the reports read it back."""
+
+    totals: dict[str, dict[str, int]]  # currency -> transactions, net, tax, total (minor units)
+    digest: str  # SHA-256 of every aggregate row (account, product, day, currency, counts and money)
+
+
+def _billed(sql: Store, batch_ids: list[str]) -> _Billed:
+    """The stored aggregates of ``batch_ids`` (in that order): their totals per currency and a digest."""
+    digest = hashlib.sha256()
+    totals: dict[str, dict[str, int]] = {}
+    for batch_id in batch_ids:
+        frame = reports.aggregates(sql, batch_id)[reports.AGGREGATE_COLUMNS]
+        digest.update(frame.to_csv(index=False).encode())
+        for currency, group in frame.groupby("currency"):
+            sums = totals.setdefault(str(currency), dict.fromkeys(("transactions", *reports.MONEY_COLUMNS), 0))
+            for column in sums:
+                sums[column] += sum(int(value) for value in group[column])
+    return _Billed(totals=dict(sorted(totals.items())), digest=digest.hexdigest())
+
+
+def _items_by_processor(states: list[dict[str, Any]], pids: list[int]) -> list[int]:
+    """The messages (work items) each processor's listeners handled, from its last state file, in the
+    order of ``pids``: a processor's state file is named after its pid (``processor-<pid>.json``)."""
+    handled = {
+        int(state["pid"]): sum(int(listener["processed"]) for listener in state["listeners"])
+        for state in states
+        if state["role"] == "processor"
+    }
+    return [handled.get(pid, 0) for pid in pids]
 
 
 @dataclass(frozen=True)
@@ -254,13 +334,16 @@ def _settled(home: Path, *, roles: int, timeout: float) -> int:
         time.sleep(0.5)
 
 
-def _batch_file(rows: int, data_dir: Path, console: Console, *, seed: int = 42) -> Path:
+def _batch_file(rows: int, data_dir: Path, console: Console, *, seed: int = 42, messy: bool = False) -> Path:
     """A sample batch of ``rows`` rows (made once, kept in ``data_dir``), and the reference data."""
     data_dir.mkdir(parents=True, exist_ok=True)
-    batch = data_dir / (f"bench-{rows}.csv" if seed == 42 else f"bench-{rows}-{seed}.csv")
+    name = f"bench-{rows}" + ("" if seed == 42 else f"-{seed}") + ("-messy" if messy else "")
+    batch = data_dir / f"{name}.csv"
     if not batch.exists():
-        with console.status(f"generating {rows:,} rows"):
-            generate(rows, batch, seed=seed)
+        with console.status(f"generating {rows:,} {'messy ' if messy else ''}rows"):
+            partial = batch.with_suffix(".partial")
+            generate(rows, partial, seed=seed, messy=messy)
+            partial.replace(batch)  # an interrupted run leaves no half file to reuse
     write_price_book(data_dir / "pricebook.csv")
     write_tax_table(data_dir / "taxes.csv")
     return batch
@@ -276,12 +359,17 @@ def run(
     output: Path,
     console: Console,
     repeat: int = 3,
+    file: FileKind = DEFAULT_FILE,
+    store: StoreKind = DEFAULT_STORE,
 ) -> BenchReport:
     """Every measurement; prints the tables, writes ``output`` (JSON), the chart next to it (PNG) and
-    the large batch's timeline (``<output>-timeline.png``). The large batch runs ``repeat`` times and
-    the median run (by submit → complete) is the one reported."""
+    the large batch's timeline (``<output>-timeline.png``). The large batch runs ``repeat`` times as
+    every file and store, interleaved; the median run (by submit → complete) of ``file`` on ``store``
+    is the one reported."""
     started = time.monotonic()
-    main, main_runs = _main_runs(rows, repeat=repeat, data_dir=data_dir, console=console)
+    main, main_runs, variants = _main_runs(
+        rows, repeat=repeat, data_dir=data_dir, console=console, headline=(file, store), variants=True
+    )
     optimised = run_pipeline(compare_rows, data_dir=data_dir, console=console)
     with console.status(f"naive design, {compare_rows:,} transactions"):
         naive = run_pipeline(compare_rows, data_dir=data_dir, console=console, mode="naive")
@@ -295,8 +383,11 @@ def run(
         if scaling_rows
         else []
     )
-    report = BenchReport(main, main_runs, optimised, naive, listener, scaling, monthly_costs(main, naive, listener))
+    report = BenchReport(
+        main, main_runs, optimised, naive, listener, scaling, monthly_costs(main, naive, listener), variants
+    )
     _print(report, console)
+    console.print(_variants(main, main_runs + variants))
     output.write_text(json.dumps(asdict(report), indent=2))
     chart, timeline = output.with_suffix(".png"), output.with_name(f"{output.stem}-timeline.png")
     _chart(report, chart)
@@ -306,14 +397,42 @@ def run(
 
 
 def run_main(
-    *, rows: int, repeat: int, data_dir: Path, output: Path, console: Console, batches: int = 1
+    *,
+    rows: int,
+    repeat: int,
+    data_dir: Path,
+    output: Path,
+    console: Console,
+    batches: int = 1,
+    file: FileKind = DEFAULT_FILE,
+    store: StoreKind = DEFAULT_STORE,
+    variants: bool = False,
 ) -> PipelineRun:
-    """Only the large batch (or ``batches`` files of its rows, submitted at once), ``repeat`` times:
+    """Only the large batch (or ``batches`` files of its rows, submitted at once) as ``file`` on
+    ``store``, ``repeat`` times (and as the other files and stores, interleaved, with ``variants``):
     its table, CPU per role, JSON (all runs) and timeline."""
-    main, main_runs = _main_runs(rows, repeat=repeat, data_dir=data_dir, console=console, batches=batches)
+    main, main_runs, others = _main_runs(
+        rows,
+        repeat=repeat,
+        data_dir=data_dir,
+        console=console,
+        batches=batches,
+        headline=(file, store),
+        variants=variants,
+    )
     files = f" in {batches} batches submitted at once" if batches > 1 else ""
-    table = Table(title=f"{rows:,} transactions{files}, {repeat} runs (local Azurite + SQLite, this machine)")
-    for column in ("run", "submit → complete s", "tx/s", "accepted → complete s", "requests / 1,000 tx"):
+    table = Table(
+        title=f"{rows:,} transactions{files}, {file} file, Azurite {_STORE_NAMES[store]}, {repeat} runs"
+        " (local Azurite + SQLite, this machine)"
+    )
+    for column in (
+        "run",
+        "submit → complete s",
+        "tx/s",
+        "accepted → complete s",
+        "requests / 1,000 tx",
+        "load (1 min)",
+    ):
         table.add_column(column, justify="right")
     for number, run_ in enumerate(main_runs, start=1):
         table.add_row(
@@ -322,10 +441,18 @@ def run_main(
             f"{run_.submit_transactions_per_second:,.0f}",
             f"{run_.latency_seconds:.2f}",
             f"{run_.requests_per_1000:.2f}",
+            f"{run_.load_average[0]:.1f}",
         )
     console.print(table)
+    if others:
+        console.print(_variants(main, main_runs + others))
     console.print(_capacity(main))
-    output.write_text(json.dumps({"main": asdict(main), "main_runs": [asdict(r) for r in main_runs]}, indent=2))
+    report = {
+        "main": asdict(main),
+        "main_runs": [asdict(r) for r in main_runs],
+        "variants": [asdict(r) for r in others],
+    }
+    output.write_text(json.dumps(report, indent=2))
     timeline = output.with_name(f"{output.stem}-timeline.png")
     _timeline(main, timeline)
     console.print(f"wrote {output} and {timeline}")
@@ -333,14 +460,58 @@ def run_main(
 
 
 def _main_runs(
-    rows: int, *, repeat: int, data_dir: Path, console: Console, batches: int = 1
-) -> tuple[PipelineRun, list[PipelineRun]]:
-    """The large batch ``repeat`` times: the median run by submit → complete, and all of them."""
-    runs = []
+    rows: int,
+    *,
+    repeat: int,
+    data_dir: Path,
+    console: Console,
+    batches: int = 1,
+    headline: tuple[FileKind, StoreKind] = (DEFAULT_FILE, DEFAULT_STORE),
+    variants: bool = False,
+) -> tuple[PipelineRun, list[PipelineRun], list[PipelineRun]]:
+    """The large batch ``repeat`` times as ``headline``'s file and store (and, with ``variants``, as every
+    other file and store, one run of each in turn): the median headline run by submit → complete, all
+    headline runs, and the other runs."""
+    kinds = [headline] + ([(f, s) for f in FILES for s in STORES if (f, s) != headline] if variants else [])
+    runs: list[PipelineRun] = []
     for attempt in range(repeat):
-        with console.status(f"{rows:,} transactions, run {attempt + 1} of {repeat}"):
-            runs.append(run_pipeline(rows, data_dir=data_dir, console=console, batches=batches))
-    return sorted(runs, key=lambda r: r.submit_to_complete_seconds)[(len(runs) - 1) // 2], runs
+        for file, store in kinds:
+            with console.status(f"{rows:,} transactions, {file} file, {store} Azurite, run {attempt + 1} of {repeat}"):
+                runs.append(
+                    run_pipeline(rows, data_dir=data_dir, console=console, batches=batches, file=file, store=store)
+                )
+    mine = [r for r in runs if (r.file, r.store) == headline]
+    return median_run(mine), mine, [r for r in runs if (r.file, r.store) != headline]
+
+
+def median_run(runs: list[PipelineRun]) -> PipelineRun:
+    """The median run by submit → complete (the lower middle one of an even number)."""
+    return sorted(runs, key=lambda r: r.submit_to_complete_seconds)[(len(runs) - 1) // 2]
+
+
+_STORE_NAMES: dict[str, str] = {"memory": "in memory", "disk": "persisted"}
+
+
+def _variants(headline: PipelineRun, runs: list[PipelineRun]) -> Table:
+    """Submit → complete of each file and store (median, and every run), and whether all billed the same."""
+    table = Table(title=f"{headline.rows:,} transactions: each file on each Azurite (submit → complete s)")
+    for column in ("file", "Azurite", "median", "runs", "same aggregates as the headline"):
+        table.add_column(column, justify="left" if column in ("file", "Azurite") else "right")
+    for file in FILES:
+        for store in STORES:
+            mine = [r for r in runs if (r.file, r.store) == (file, store)]
+            if not mine:
+                continue
+            median = median_run(mine)
+            star = " (headline)" if (file, store) == (headline.file, headline.store) else ""
+            table.add_row(
+                file + star,
+                _STORE_NAMES[store],
+                f"{median.submit_to_complete_seconds:.2f}",
+                ", ".join(f"{r.submit_to_complete_seconds:.2f}" for r in mine),
+                "yes" if all(r.aggregates_sha256 == headline.aggregates_sha256 for r in mine) else "NO",
+            )
+    return table
 
 
 def _print(report: BenchReport, console: Console) -> None:

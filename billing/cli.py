@@ -389,6 +389,17 @@ def bench_recovery_command(rows: int, roles: tuple[str, ...], data_dir: Path, ou
     _benchmark("recovery").run(rows=rows, roles=roles or ROLES, data_dir=data_dir, output=output, console=console)
 
 
+@cli.command("soak")
+@click.option("--minutes", type=click.FloatRange(min=0.5), default=60.0, show_default=True, help="Load and faults.")
+@click.option("--store", type=click.Choice(["sqlite", "postgresql"]), default="sqlite", show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--output", type=click.Path(dir_okay=False, path_type=Path), default=Path("soak.json"))
+def soak_command(minutes: float, store: Any, seed: int, output: Path) -> None:
+    """Batches back to back under random faults, then every batch checked exactly (JSON + PNG); exit 1 if not."""
+    if not _benchmark("soak").run(minutes=minutes, store=store, seed=seed, output=output, console=console).ok:
+        sys.exit(1)
+
+
 @cli.command("bench")
 @click.option("--rows", type=int, default=1_000_000, show_default=True, help="The large batch (optimised pipeline).")
 @click.option("--compare-rows", type=int, default=5_000, show_default=True, help="The batch run through both designs.")
@@ -397,7 +408,9 @@ def bench_recovery_command(rows: int, roles: tuple[str, ...], data_dir: Path, ou
 @click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path), default=Path(".billing/bench-data"))
 @click.option("--output", type=click.Path(dir_okay=False, path_type=Path), default=Path("bench-results.json"))
 @click.option(
-    "--repeat", type=click.IntRange(1), default=3, show_default=True, help="Runs of the large batch (median)."
+    "--repeat",
+    type=click.IntRange(1),
+    help="Runs of the large batch (median) [default: 3; with --scale-out 1 per processor count].",
 )
 @click.option("--main-only", is_flag=True, help="Only the large batch: no naive design, listener or scaling runs.")
 @click.option(
@@ -407,6 +420,42 @@ def bench_recovery_command(rows: int, roles: tuple[str, ...], data_dir: Path, ou
     show_default=True,
     help="With --main-only: split into files sent at once.",
 )
+@click.option(
+    "--file",
+    "file_kind",
+    type=click.Choice(["clean", "messy"]),
+    default="messy",
+    show_default=True,
+    help="The large batch as a clean file, or as a real export writes it (quoted fields, padding, a notes column).",
+)
+@click.option(
+    "--store",
+    type=click.Choice(["memory", "disk"]),
+    default="disk",
+    show_default=True,
+    help="Azurite held in memory, or persisted to disk as `billing up` runs it.",
+)
+@click.option(
+    "--variants", is_flag=True, help="With --main-only: time the other files and stores too (always without it)."
+)
+@click.option(
+    "--scale-out",
+    is_flag=True,
+    help="Only the scale-out curve: the large batch through 1, 2, 4 processors, each in a CPU cgroup (root).",
+)
+@click.option(
+    "--processors",
+    default="1,2,4",
+    show_default=True,
+    help="With --scale-out: the processor counts, comma-separated.",
+)
+@click.option(
+    "--cap",
+    type=click.FloatRange(min=0),
+    default=0.15,
+    show_default=True,
+    help="With --scale-out: cores each processor and its rating workers may use (0: uncapped).",
+)
 def bench_command(
     rows: int,
     compare_rows: int,
@@ -414,18 +463,60 @@ def bench_command(
     scaling_rows: int | None,
     data_dir: Path,
     output: Path,
-    repeat: int,
+    repeat: int | None,
     main_only: bool,
     batches: int,
+    file_kind: str,
+    store: str,
+    variants: bool,
+    scale_out: bool,
+    processors: str,
+    cap: float,
 ) -> None:
     """Measure the pipeline against the naive design: submit → complete, throughput, CPU per role,
-    requests, idle cost, memory (JSON + PNG charts)."""
+    requests, idle cost, memory (JSON + PNG charts). The large batch's headline is --file on --store
+    (the user's default: a messy file on persisted Azurite). --scale-out writes <output>-scaleout.json."""
+    if scale_out:
+        try:
+            counts = tuple(sorted({int(n) for n in processors.split(",")}))
+        except ValueError:
+            raise click.BadParameter(f"not a list of counts: {processors!r}", param_hint="--processors") from None
+        if not counts or counts[0] < 1:
+            raise click.BadParameter("counts start at 1", param_hint="--processors")
+        scaleout = _benchmark("scaleout")
+        try:
+            report = scaleout.run(
+                rows=rows,
+                data_dir=data_dir,
+                output=output.with_name(f"{output.stem}-scaleout.json"),
+                console=console,
+                cap=cap,
+                processors=counts,
+                repeat=repeat or 1,
+                file=file_kind,
+                store=store,
+            )
+        except scaleout.CgroupUnavailable as exc:
+            raise click.ClickException(str(exc)) from None
+        if not report.exact:
+            raise click.ClickException("the runs did not bill the same: see the table above")
+        return
     bench = _benchmark("pipeline")
     if main_only:
-        bench.run_main(rows=rows, repeat=repeat, data_dir=data_dir, output=output, console=console, batches=batches)
+        bench.run_main(
+            rows=rows,
+            repeat=repeat or 3,
+            data_dir=data_dir,
+            output=output,
+            console=console,
+            batches=batches,
+            file=file_kind,
+            store=store,
+            variants=variants,
+        )
         return
     bench.run(
-        repeat=repeat,
+        repeat=repeat or 3,
         rows=rows,
         compare_rows=compare_rows,
         idle_seconds=idle_seconds,
@@ -433,6 +524,8 @@ def bench_command(
         data_dir=data_dir,
         output=output,
         console=console,
+        file=file_kind,
+        store=store,
     )
 
 

@@ -8,7 +8,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -25,25 +25,35 @@ from store import Store, reports
 from . import client, progress
 
 
-def start_role(role: str, env: Mapping[str, str], log: Path) -> subprocess.Popen[bytes]:
-    """Start ``python -m <role>`` with ``env``, its output appended to ``log``."""
+def start_role(role: str, env: Mapping[str, str], log: Path, *, cgroup: Path | None = None) -> subprocess.Popen[bytes]:
+    """Start ``python -m <role>`` with ``env``, its output appended to ``log``. With ``cgroup`` (a
+    cgroup's directory) the process joins that group before Python starts, so the role reads the
+    group's limits as its own and every process it starts stays inside them."""
+    command = [sys.executable, "-m", role]
+    if cgroup is not None:  # a shell joins the group, then becomes the role (same pid)
+        command = ["/bin/sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"', str(cgroup), *command]
     with log.open("ab") as out:
-        return subprocess.Popen([sys.executable, "-m", role], env=env, stdout=out, stderr=out)
+        return subprocess.Popen(command, env=env, stdout=out, stderr=out)
 
 
 @contextmanager
 def role_processes(
-    settings: Settings, log_dir: Path, *, processors: int = 1
+    settings: Settings, log_dir: Path, *, processors: int = 1, processor_cgroups: Sequence[Path] = ()
 ) -> Iterator[list[subprocess.Popen[bytes]]]:
     """Start initiator, ``processors`` processors and controller as separate processes with
     ``settings``, each logging to ``log_dir/<role>-<number>.log``; stop them gracefully (those in
-    the yielded list when the block ends: a caller may replace one it restarted)."""
+    the yielded list when the block ends: a caller may replace one it restarted). Given
+    ``processor_cgroups`` (one per processor), each processor runs in its own (:func:`start_role`)."""
+    if processor_cgroups and len(processor_cgroups) != processors:
+        raise ValueError(f"{len(processor_cgroups)} cgroups for {processors} processors")
     env = {**os.environ, **settings.as_env()}
     log_dir.mkdir(parents=True, exist_ok=True)
+    groups = iter(processor_cgroups)
     processes = []
     try:
         for number, role in enumerate(["initiator", *["processor"] * processors, "controller"]):
-            processes.append(start_role(role, env, log_dir / f"{role}-{number}.log"))
+            cgroup = next(groups, None) if role == "processor" else None
+            processes.append(start_role(role, env, log_dir / f"{role}-{number}.log", cgroup=cgroup))
         yield processes
     finally:
         for process in processes:

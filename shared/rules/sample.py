@@ -6,6 +6,12 @@ Sunday, peak and off-peak) written with various UTC offsets, small quantities wi
 decimals, mostly present regions, unique transaction ids, and a share ``reject_rate`` of rows
 deliberately broken in one of the ways listed in :data:`DEFECTS`. The same arguments always give the
 same bytes.
+
+``messy=True`` writes the same rows the way real CSV exports do (a UTF-8 byte order mark, text
+fields quoted, spaces around values, a free-text ``notes`` column, now and then with a comma, a
+doubled quote or a line break inside its quotes), all of it allowed by the parsing rules: the file
+reads to exactly the clean file's fields once each is stripped, so the same rows are accepted and
+rejected, for the same reasons, with the same amounts.
 """
 
 from __future__ import annotations
@@ -91,6 +97,25 @@ _BAD_VALUES = {
     "unknown_product": ("compute.tpu-hour", "COMPUTE.VCPU-HOUR"),
     "unknown_region": ("ZZ", "de", "US-NY"),
 }
+#: The messy CSV: its extra column, what a note says (weights below), and how often things happen.
+NOTES_COLUMN = "notes"
+_NOTES = (
+    "",
+    "monthly usage",
+    "reviewed, no change",
+    'customer said "urgent"',
+    "credit applied",
+    "Überstunden genehmigt",
+    "migrated from legacy system; see ticket 4411, 4412",
+    "n/a",
+    "first line of a note\nand its second line",
+)
+_NOTE_WEIGHTS = (0.45, 0.15, 0.1, 0.05, 0.08, 0.04, 0.05, 0.075, 0.005)
+_QUOTED_ROWS = 0.25  # share of rows whose text fields are all quoted (the rest quote only what needs it)
+_PADDED_CELLS = 0.15  # share of cells with spaces before them, and (independently) after them
+_PADS = (" ", "  ", "   ")
+_QUOTE_NEEDED = '[,"\r\n]'
+
 _DEFECT_FIELDS = {
     "invalid_transaction_id": "transaction_id",
     "invalid_account_id": "account_id",
@@ -133,10 +158,14 @@ def generate(
     fmt: str = "csv",
     reject_rate: float = 0.002,
     chunk_rows: int = 100_000,
+    messy: bool = False,
 ) -> None:
-    """Write a sample batch of ``rows`` rows in ``fmt`` (csv, jsonl or parquet) to ``out``."""
+    """Write a sample batch of ``rows`` rows in ``fmt`` (csv, jsonl or parquet) to ``out``; ``messy``
+    (CSV only): the same rows as a real export writes them (see the module's docstring)."""
     if fmt not in FORMATS:
         raise ValueError(f"unknown batch format {fmt!r}; expected one of {', '.join(FORMATS)}")
+    if messy and fmt != "csv":
+        raise ValueError("only a CSV batch can be messy")
     if rows < 0 or chunk_rows < 1 or not 0 <= reject_rate <= 1:
         raise ValueError("rows must be >= 0, chunk_rows >= 1 and reject_rate within 0..1")
     rng = np.random.default_rng(seed)
@@ -145,15 +174,20 @@ def generate(
         "acct-", pc.utf8_lpad(pa.array(np.arange(_ACCOUNTS)).cast(pa.string()), 4, "0"), ""
     )
     schema = pa.schema([(name, pa.string()) for name in RAW_COLUMNS])
+    mess = np.random.default_rng([seed, 1])  # its own stream: the rows are drawn as for the clean file
     with open(out, "wb") as sink:
         writer = pq.ParquetWriter(sink, schema, compression="zstd") if fmt == "parquet" else None
-        if fmt == "csv":
+        if messy:
+            sink.write(("\ufeff" + ",".join(f'"{name}"' for name in (*RAW_COLUMNS, NOTES_COLUMN)) + "\n").encode())
+        elif fmt == "csv":
             sink.write((",".join(RAW_COLUMNS) + "\n").encode())
         try:
             for start in range(0, rows, chunk_rows):
                 table = _chunk(rng, start, min(chunk_rows, rows - start), seed, products, accounts, reject_rate)
                 if writer is not None:
                     writer.write_table(table)
+                elif messy:
+                    sink.write(_messy_csv_bytes(mess, table))
                 elif fmt == "csv":
                     sink.write(_csv_bytes(table))
                 else:
@@ -250,6 +284,27 @@ def _csv_bytes(table: pa.Table) -> bytes:
         values = table.column(name).combine_chunks()
         quoted = pc.binary_join_element_wise('"', pc.replace_substring(values, '"', '""'), '"', "")
         cells.append(pc.if_else(pc.match_substring_regex(values, '[,"\r\n]'), quoted, values))
+    return _concatenated(pc.binary_join_element_wise(pc.binary_join_element_wise(*cells, ","), "\n", ""))
+
+
+def _messy_csv_bytes(rng: np.random.Generator, table: pa.Table) -> bytes:
+    """The rows as a real export writes them: a ``notes`` column added; every cell possibly padded
+    with spaces (inside its quotes when quoted); the text fields of a share of rows quoted, and in
+    the others only the values that need it."""
+    n = table.num_rows
+    notes = pa.array(np.array(_NOTES, dtype=object)[rng.choice(len(_NOTES), n, p=_NOTE_WEIGHTS)], pa.string())
+    quoted_row = rng.random(n) < _QUOTED_ROWS
+    cells = []
+    for name, values in [*((name, table.column(name).combine_chunks()) for name in RAW_COLUMNS), ("notes", notes)]:
+        need = pc.match_substring_regex(values, _QUOTE_NEEDED)
+        quote = need if name == "quantity" else pc.or_(need, pa.array(quoted_row))
+        padded = values
+        for side in ("before", "after"):
+            pads = pa.array(np.array(_PADS, dtype=object)[rng.choice(len(_PADS), n)], pa.string())
+            pad = pc.if_else(pa.array(rng.random(n) < _PADDED_CELLS), pads, "")
+            padded = pc.binary_join_element_wise(*((pad, padded) if side == "before" else (padded, pad)), "")
+        quoted = pc.binary_join_element_wise('"', pc.replace_substring(padded, '"', '""'), '"', "")
+        cells.append(pc.if_else(quote, quoted, padded))
     return _concatenated(pc.binary_join_element_wise(pc.binary_join_element_wise(*cells, ","), "\n", ""))
 
 

@@ -2,23 +2,28 @@
 
 from __future__ import annotations
 
+import codecs
 import re
 import time
 from collections import Counter
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 
-from shared.rules.batchfile import FORMATS, read_chunks
+from shared.rules.batchfile import FORMATS, RAW_COLUMNS, read_chunks
 from shared.rules.reference import load_price_book, load_tax_table
 from shared.rules.sample import (
     DEFECTS,
+    NOTES_COLUMN,
     generate,
     sample_price_book_bytes,
     sample_tax_table_bytes,
     write_price_book,
     write_tax_table,
 )
+from shared.rules.validation import validate
+from support.reference_model import Row, check_batch, rate_row, read_prices, read_rates
 
 _ID = re.compile(r"[A-Za-z0-9._:-]{1,64}")
 _TIMESTAMP = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d+)?(Z|[+-]\d{2}:\d{2})")
@@ -42,19 +47,66 @@ def test_reference_data_is_valid_and_varied(tmp_path: Path) -> None:
     assert (tmp_path / "taxes.csv").read_bytes() == sample_tax_table_bytes()
 
 
-@pytest.mark.parametrize("fmt", FORMATS)
-def test_same_seed_same_bytes(tmp_path: Path, fmt: str) -> None:
+@pytest.mark.parametrize(("fmt", "messy"), [*((fmt, False) for fmt in FORMATS), ("csv", True)])
+def test_same_seed_same_bytes(tmp_path: Path, fmt: str, messy: bool) -> None:
     a, b, c = (tmp_path / f"{name}.{fmt}" for name in "abc")
-    generate(3_000, a, seed=5, fmt=fmt, chunk_rows=700)
-    generate(3_000, b, seed=5, fmt=fmt, chunk_rows=700)
-    generate(3_000, c, seed=6, fmt=fmt, chunk_rows=700)
+    generate(3_000, a, seed=5, fmt=fmt, chunk_rows=700, messy=messy)
+    generate(3_000, b, seed=5, fmt=fmt, chunk_rows=700, messy=messy)
+    generate(3_000, c, seed=6, fmt=fmt, chunk_rows=700, messy=messy)
     assert a.read_bytes() == b.read_bytes()
     assert a.read_bytes() != c.read_bytes()
 
 
-def rows_of(path: Path, fmt: str) -> list[dict[str, str | None]]:
+def rows_of(path: Path, fmt: str, *, csv_fast: bool = True) -> list[dict[str, str | None]]:
     with path.open("rb") as source:
-        return [row for chunk in read_chunks(source, fmt) for row in chunk.to_pylist()]
+        return [row for chunk in read_chunks(source, fmt, csv_fast=csv_fast) for row in chunk.to_pylist()]
+
+
+def test_messy_file_bills_as_the_clean_one(tmp_path: Path) -> None:
+    """The messy file is what a real export writes (a BOM, quoted fields, padding, a notes column with
+    commas, doubled quotes and line breaks) and reads, once stripped, to the clean file's rows: the same
+    rows accepted and rejected for the same reasons, with the same amounts."""
+    clean, messy = tmp_path / "clean.csv", tmp_path / "messy.csv"
+    generate(20_000, clean, seed=4, reject_rate=0.05, chunk_rows=3_000)
+    generate(20_000, messy, seed=4, reject_rate=0.05, chunk_rows=3_000, messy=True)
+    data = messy.read_bytes()
+    assert data.startswith(codecs.BOM_UTF8)
+    text = data.decode("utf-8-sig")
+    assert text.splitlines()[0] == ",".join(f'"{name}"' for name in (*RAW_COLUMNS, NOTES_COLUMN))
+    assert re.search(r'^"tx-4-\d+","acct-\d+",', text, re.MULTILINE), "text fields quoted"
+    assert re.search(r"^tx-4-\d+ *,acct-\d+ *,", text, re.MULTILINE), "fields left unquoted"
+    assert re.search(r',\s+acct-\d+\s*,|," +acct-\d+ *",', text), "values padded with spaces"
+    assert '"reviewed, no change"' in text and '""urgent""' in text and '"first line of a note\nand' in text
+    assert text.count("\n") > 20_001, "a note's line break inside its quotes"
+
+    book, taxes = sample_price_book_bytes(), sample_tax_table_bytes()
+    prices, rates = read_prices(book.decode()), read_rates(taxes.decode())
+    expected = check_batch(rows_of(clean, "csv"), prices, rates)
+    assert {verdict for verdict in expected if isinstance(verdict, str)} == set(DEFECTS)
+    for csv_fast in (True, False):
+        rows = rows_of(messy, "csv", csv_fast=csv_fast)
+        assert len(rows) == 20_000
+        assert {name: (rows[0][name] or "").strip() for name in RAW_COLUMNS} == {
+            name: (value or "").strip() for name, value in rows_of(clean, "csv")[0].items() if name in RAW_COLUMNS
+        }
+        verdicts = check_batch(rows, prices, rates)
+        assert verdicts == expected  # every row: the same reason, or the same stripped fields
+    amounts = [rate_row(row, prices, rates) for row in expected if isinstance(row, Row)]
+    assert len(amounts) > 0.9 * 20_000 and sum(a.total for a in amounts) > 0
+
+    # The pipeline's own vectorised validation agrees: the same accepted rows, the same rejects.
+    def validated(path: Path) -> tuple[pa.Table, list[tuple[int, str]]]:
+        book_, taxes_ = load_price_book(book), load_tax_table(taxes)
+        with path.open("rb") as source:
+            parts = [validate(chunk, book_, taxes_) for chunk in read_chunks(source, "csv", chunk_rows=3_000)]
+        accepted = pa.concat_tables([part[0] for part in parts])
+        rejects = [(r["row"], r["reason"]) for part in parts for r in part[1].to_pylist()]
+        return accepted, rejects
+
+    clean_accepted, clean_rejects = validated(clean)
+    messy_accepted, messy_rejects = validated(messy)
+    assert messy_accepted.equals(clean_accepted)
+    assert messy_rejects == clean_rejects
 
 
 def test_generated_rows_are_realistic(tmp_path: Path) -> None:
@@ -122,3 +174,5 @@ def test_bad_arguments() -> None:
         generate(10, Path("unused"), fmt="xml")
     with pytest.raises(ValueError):
         generate(-1, Path("unused"))
+    with pytest.raises(ValueError, match="only a CSV"):
+        generate(10, Path("unused"), fmt="jsonl", messy=True)
