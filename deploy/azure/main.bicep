@@ -59,6 +59,9 @@ param vnetName string = '${namePrefix}-vnet'
 @description('The pipeline image (ENTRYPOINT billing, the role as command), e.g. billingacr1234.azurecr.io/billing:1.0.')
 param image string
 
+@description('The console\'s image (the Dockerfile\'s console target); empty: image with its repository\'s name followed by -console (…/billing:1.0 gives …/billing-console:1.0).')
+param consoleImage string = ''
+
 @description('Create an Azure Container Registry (Basic, admin user off, anonymous pull off) and grant the identity AcrPull on it; false: pull from registryServer instead.')
 param createRegistry bool = true
 
@@ -832,7 +835,7 @@ module console 'modules/console.bicep' = if (deployApps && deployConsole) {
     name: '${namePrefix}-console'
     location: location
     environmentId: appsEnvironment.id
-    image: image
+    image: empty(consoleImage) ? replace(image, '/billing:', '/billing-console:') : consoleImage
     registryServer: pullServer
     identityId: identity.id
     // The roles' settings and the controller's SQL login: the console reads storage and the store.

@@ -190,6 +190,8 @@ class Template:
                 return json.dumps(args[0]) if isinstance(args[0], bool) else str(args[0])
             case "subscription_resource_id":
                 return f"{args[0]}/{args[1]}"
+            case "replace" if not any(isinstance(arg, Ref) for arg in args):
+                return str(args[0]).replace(str(args[1]), str(args[2]))
             case "empty" if not isinstance(args[0], Ref):
                 return len(args[0]) == 0
         return Ref(f"{function['type']}{tuple(args)}")
@@ -763,6 +765,10 @@ def test_the_console_is_one_replica_with_internal_ingress_and_a_vault_token(toke
     assert args[0] == "serve" and args[args.index("--host") + 1] == "0.0.0.0"
     assert int(args[args.index("--port") + 1]) == configuration["ingress"]["targetPort"]
     assert spec["scale"] == {"minReplicas": 1, "maxReplicas": 1, "rules": []}
+    # The image's console target, beside the roles' image (or the one named).
+    assert container["image"] == REQUIRED["image"].replace("/billing:", "/billing-console:")
+    named = _console(Template(MAIN, {**REQUIRED, "consoleImage": "example.azurecr.io/ui:2"}))
+    assert named is not None and named["properties"]["template"]["containers"][0]["image"] == "example.azurecr.io/ui:2"
     assert app["identity"] == _apps(template)["controller"]["identity"]
     env = {item["name"]: item for item in container["env"]}
     controller = _env(_apps(template)["controller"])

@@ -391,6 +391,10 @@ def test_the_console_is_one_replica_behind_a_cluster_service(overlay: str, monke
     (container,) = pod["containers"]
     args = container["args"]
     assert args[0] == "serve" and args[args.index("--host") + 1] == "0.0.0.0"
+    # The image's console target, the roles' image's repository with -console, same tag.
+    role_image = role_deployments(docs)[0]["spec"]["template"]["spec"]["containers"][0]["image"]
+    repository, tag = role_image.rsplit(":", 1)
+    assert container["image"] == f"{repository}-console:{tag}"
     port = int(args[args.index("--port") + 1])
     assert container["ports"] == [{"name": "http", "containerPort": port, "protocol": "TCP"}]
     assert CONSOLE_TOKEN_ENV in container["env"]
@@ -437,4 +441,5 @@ def test_compose_runs_the_console_read_only_on_loopback() -> None:
     assert console_service["ports"] == [f"127.0.0.1:{port}:{port}"]
     assert f"127.0.0.1:{port}/openapi.json" in " ".join(console_service["healthcheck"]["test"])
     assert "BILLING_CONSOLE_TOKEN" not in console_service["environment"]
-    assert console_service["image"] == services["processor"]["image"]
+    assert console_service["build"]["target"] == "console" and services["processor"]["build"]["target"] == "roles"
+    assert console_service["image"] != services["processor"]["image"]
