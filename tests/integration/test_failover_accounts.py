@@ -12,12 +12,12 @@ import pytest
 from pydantic import SecretStr
 
 import shared.messaging.failover
+from benchmarks.fault_proxy import FaultProxy
 from shared.errors import ConfigurationError
 from shared.localstack import connection_string, free_ports
 from shared.messaging.storage import Storage
 from shared.settings import Settings
 from support.backlog import backlog
-from support.fault_proxy import FaultProxy
 
 
 def account(connection: str, **options: object) -> Settings:

@@ -15,12 +15,12 @@ from pathlib import Path
 import pytest
 from pydantic import SecretStr
 
+from benchmarks.fault_proxy import KINDS, SERVICES, FaultProxy
 from billing import client, progress
 from shared.rules.sample import generate
 from shared.settings import Settings
 from store import BatchStatus, Store
 from support.exact import expected, read_raw, report, sorted_records
-from support.fault_proxy import KINDS, SERVICES, FaultProxy
 from support.references import sample_options
 from support.roles import Roles
 from support.waiting import wait_until

@@ -14,11 +14,11 @@ from typing import Any
 import pytest
 from pydantic import SecretStr
 
+from benchmarks.fault_proxy import FaultProxy
 from shared.messaging.runtime import role_states
 from shared.rules.sample import generate
 from shared.settings import Settings
 from support.exact import billing
-from support.fault_proxy import FaultProxy
 from support.probes import by_label, probe, scrape, total
 from support.references import sample_flags
 from support.roles import Roles
