@@ -1,4 +1,4 @@
-"""A fault-injecting HTTP proxy between the Azure SDK and Azurite, for tests.
+"""A fault-injecting HTTP proxy between the Azure SDK and Azurite, for the tests and ``billing soak``.
 
 It listens on one loopback port per service (blob, queue) and forwards each request to Azurite
 byte for byte (the SDK's signature stays valid), except that a share of the requests (``rate``) —
@@ -9,7 +9,9 @@ or every request during an outage window — gets a fault instead:
 - ``reset``: the connection is dropped without an answer;
 - ``timeout``: no answer until the client gives up (the proxy hangs for ``hang`` seconds, then drops);
 - ``lost_reply``: the request *is* done by Azurite, but the client gets a 500, so its retry repeats
-  it (what a request whose answer was lost on the way looks like).
+  it (what a request whose answer was lost on the way looks like);
+- ``slow`` (not among :data:`KINDS`; name it in ``kinds``): the request is held ``hang`` seconds, then
+  forwarded and answered as usual.
 
 Faults apply per service; the proxy counts, per service, what it forwarded (by method) and what it
 injected (by kind). It runs its own event loop in a thread. Point a role at it through
@@ -33,6 +35,7 @@ from aiohttp import web
 from yarl import URL
 
 KINDS = ("503", "500", "reset", "timeout", "lost_reply")
+SLOW = "slow"
 SERVICES = ("blob", "queue")
 # Set per hop by each side; everything else (signed headers included) is passed on as it came.
 HOP_HEADERS = {"content-length", "transfer-encoding", "connection", "keep-alive", "host"}
@@ -172,15 +175,20 @@ class FaultProxy:
                 if request.transport is not None:  # None: the client gave up and closed it already
                     request.transport.abort()
                 return web.Response(status=500)  # never reaches the client
+            if fault == SLOW:
+                await asyncio.sleep(self.hang)
             headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_HEADERS}
-            async with self._session.request(
-                request.method,
-                URL(target + request.raw_path, encoded=True),  # exactly as the client signed it
-                headers=headers,
-                data=body or None,
-                skip_auto_headers=("Content-Type", "Accept-Encoding", "User-Agent"),  # would break the signature
-            ) as answer:
-                payload = await answer.read()
+            try:
+                async with self._session.request(
+                    request.method,
+                    URL(target + request.raw_path, encoded=True),  # exactly as the client signed it
+                    headers=headers,
+                    data=body or None,
+                    skip_auto_headers=("Content-Type", "Accept-Encoding", "User-Agent"),  # would break the signature
+                ) as answer:
+                    payload = await answer.read()
+            except aiohttp.ClientError as exc:  # Azurite dropped the connection (e.g. a keep-alive it closed)
+                return web.Response(status=500, text=f"upstream failed: {exc}")
             self.forwarded[service][request.method] += 1
             self._fire(service, request.method)
             if fault == "lost_reply":
