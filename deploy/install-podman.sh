@@ -4,7 +4,8 @@
 # when everything is there. Use deploy/containers.conf with it (deploy/build-image.sh does).
 set -euo pipefail
 
-packages=(podman runc debootstrap)
+# dnsname: containers of a compose network reach each other by service name (CNI, podman 4.3).
+packages=(podman runc debootstrap golang-github-containernetworking-plugin-dnsname)
 missing=()
 for package in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" || missing+=("$package")

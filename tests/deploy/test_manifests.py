@@ -163,9 +163,12 @@ def test_checkov_finds_nothing_unexplained(target: str, tmp_path: Path) -> None:
         )
 
 
-def test_hadolint_passes_the_dockerfile() -> None:
+def test_hadolint_passes_the_dockerfiles() -> None:
+    """The image's Dockerfile and those of the locally built compose images (Azurite, PostgreSQL)."""
     hadolint = require("hadolint", "lints the Dockerfile; pip install -e '.[test]' brings it")
-    done = subprocess.run([hadolint, str(DOCKERFILE)], capture_output=True, text=True, timeout=60)
+    dockerfiles = [DOCKERFILE, *sorted((ROOT / "deploy" / "images").glob("*.Dockerfile"))]
+    assert len(dockerfiles) == 3
+    done = subprocess.run([hadolint, *map(str, dockerfiles)], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stdout + done.stderr
 
 
@@ -443,3 +446,29 @@ def test_compose_runs_the_console_read_only_on_loopback() -> None:
     assert "BILLING_CONSOLE_TOKEN" not in console_service["environment"]
     assert console_service["build"]["target"] == "console" and services["processor"]["build"]["target"] == "roles"
     assert console_service["image"] != services["processor"]["image"]
+
+
+def test_every_compose_service_has_a_health_check_and_the_roles_wait_on_health() -> None:
+    """Each service a `compose up` starts has a health check; every billing service waits for Azurite
+    and PostgreSQL to be healthy. The local override changes images only (built on the machine, never
+    pulled), so compose.yaml alone still takes the registry's."""
+    services = yaml.safe_load(COMPOSE.read_text())["services"]
+    started = {name: s for name, s in services.items() if "profiles" not in s}
+    assert set(started) == {"azurite", "postgres", "initiator", "processor", "controller", "console"}
+    for name, service in started.items():
+        assert service["healthcheck"]["test"][0] == "CMD", name
+    for name, service in services.items():
+        if name not in ("azurite", "postgres"):
+            assert service["depends_on"] == {
+                "azurite": {"condition": "service_healthy"},
+                "postgres": {"condition": "service_healthy"},
+            }, name
+    local = yaml.safe_load((ROOT / "deploy" / "compose.local.yaml").read_text())["services"]
+    assert set(local) == set(services)
+    for name, service in local.items():
+        assert set(service) <= {"image", "pull_policy"} and service["pull_policy"] == "never", name
+        image = service.get("image", services[name]["image"])
+        assert image.startswith("localhost/"), (name, image)
+    built = (ROOT / "deploy" / "build-compose-images.sh").read_text()
+    images = {service.get("image", services[name]["image"]) for name, service in local.items()}
+    assert all(image.split(":")[0].split("/")[-1] in built for image in images), images
