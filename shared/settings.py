@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from .cpus import available_cpus
@@ -110,6 +110,12 @@ class Settings(BaseSettings):
     # Work items a processor holds beyond those its workers are rating: this many per worker, read and
     # ready to start; the rest of the queue stays visible to other processors.
     prefetch_per_worker: int = Field(default=1, ge=0, le=8)
+
+    @field_validator("console_token", mode="before")
+    @classmethod
+    def _empty_token_is_none(cls, value: object) -> object:
+        """An empty token would let an empty form value through: the console stays read-only instead."""
+        return None if value == "" else value
 
     def as_env(self) -> dict[str, str]:
         """Every setting given explicitly, as ``BILLING_*`` variables for a child process (secrets
