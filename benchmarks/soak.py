@@ -209,12 +209,12 @@ class Soak:
                 found = self._poison()
                 self._check_batches()
             exits = {slot: process.returncode for slot, process in zip(SLOTS, processes, strict=True)}
+            for slot, code in exits.items():
+                if code != 0:
+                    self.problems.append(f"{slot} exited {code} when stopped at the end")
             requests = self._requests()
             if self.problems and (kept := self._keep_logs()) is not None:
                 self.problems.append(f"the roles' logs are kept in {kept}")
-        for slot, code in exits.items():
-            if code != 0:
-                self.problems.append(f"{slot} exited {code} when stopped at the end")
         return self._report(started_at, load, queues_left, found, exits, requests)
 
     # -- load ------------------------------------------------------------------------------------------------
@@ -222,12 +222,15 @@ class Soak:
     def _submit_loop(self) -> None:
         """Keep two to three batches in flight while the faults go on."""
         target = self.plan.choice(IN_FLIGHT)
-        while self.submitting.is_set():
-            if self._in_flight() < target:
-                self._submit_one()
-                target = self.plan.choice(IN_FLIGHT)
-            else:
-                time.sleep(0.5)
+        try:
+            while self.submitting.is_set():
+                if self._in_flight() < target:
+                    self._submit_one()
+                    target = self.plan.choice(IN_FLIGHT)
+                else:
+                    time.sleep(0.5)
+        except Exception as exc:  # the soak's own failure: say so rather than pass on fewer batches
+            self.problems.append(f"the submitter stopped: {exc!r}")
 
     def _in_flight(self) -> int:
         waiting = [b for b in self.batches if b.finished_seconds is None]
