@@ -9,7 +9,7 @@ partitions and processor processes. Storage requests are what every process's ow
 and SQLite under a scratch home. Prints one table, writes it as JSON and draws a PNG chart.
 
 The large batch is timed as a clean file (no quoting, no padding, no extra column) and as a messy one
-(:func:`shared.rules.sample.generate`'s ``messy``: the same rows as a real export writes them), each
+(:func:`billing.sample.generate`'s ``messy``: the same rows as a real export writes them), each
 on an Azurite held in memory and on one persisted to disk; the headline is the user's default: the
 messy file on the persisted Azurite that `billing up` starts. Every run records its batch's stored
 aggregates (totals per currency and a digest), so runs of any file and store can be compared exactly.
@@ -39,9 +39,9 @@ from rich.table import Table
 
 from billing import cost
 from billing.demo import role_processes
+from billing.sample import generate, write_price_book, write_tax_table
 from shared.localstack import AzuriteStack
 from shared.messaging.service import STATE_INTERVAL
-from shared.rules.sample import generate, write_price_book, write_tax_table
 from shared.settings import Settings
 from store import BatchStatus, Store, reports
 

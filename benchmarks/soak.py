@@ -50,8 +50,8 @@ from rich.table import Table
 
 from billing import poison
 from billing.demo import role_processes, start_role
+from billing.sample import generate, sample_price_book_bytes, sample_tax_table_bytes
 from shared.localstack import AzuriteStack
-from shared.rules.sample import generate, sample_price_book_bytes, sample_tax_table_bytes
 from shared.settings import Settings
 from store import FINAL_STATES, BatchStatus, Store, reports
 
@@ -575,7 +575,7 @@ class Soak:
 
 
 def write_batch(path: Path, *, rows: int, fmt: str, seed: int, reject_rate: float, month: int) -> None:
-    """A sample batch (:func:`shared.rules.sample.generate`) moved to billing period 2026-``month``: its
+    """A sample batch (:func:`billing.sample.generate`) moved to billing period 2026-``month``: its
     week of March 2026 written as the same days of that month."""
     path.parent.mkdir(parents=True, exist_ok=True)
     generate(rows, path, seed=seed, fmt=fmt, reject_rate=reject_rate)

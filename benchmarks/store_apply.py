@@ -20,12 +20,12 @@ from pathlib import Path
 
 import click
 
+from billing.sample import sample_price_book_bytes, sample_tax_table_bytes
 from initiator.debatch import Debatch
 from processor.jobs import rate_work_items
 from shared import inbox
 from shared.protocol import Manifest, WorkHeader, WorkItemResult, parse_results
 from shared.rules.reference import load_price_book, load_tax_table
-from shared.rules.sample import sample_price_book_bytes, sample_tax_table_bytes
 from shared.settings import Settings
 from store import BatchState, Store
 

@@ -343,7 +343,7 @@ for _action, _verb in _POISON_ACTIONS:
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), required=True)
 def generate_command(rows: int, seed: int, fmt: str, out: Path) -> None:
     """Generate a sample batch file."""
-    from shared.rules.sample import generate
+    from billing.sample import generate
 
     generate(rows, out, seed=seed, fmt=fmt)
     click.echo(f"wrote {rows} rows to {out}")

@@ -17,8 +17,8 @@ import pandas as pd
 from rich.console import Console
 from rich.table import Table
 
+from billing.sample import generate, write_price_book, write_tax_table
 from shared.localstack import resolve
-from shared.rules.sample import generate, write_price_book, write_tax_table
 from shared.settings import Settings
 from store import Store, reports
 

@@ -26,7 +26,7 @@ def reference(ctx: click.Context, out_dir: Path) -> None:
     the reference data batches are rated with."""
     if ctx.invoked_subcommand is not None:
         return
-    from shared.rules.sample import write_price_book, write_tax_table
+    from billing.sample import write_price_book, write_tax_table
 
     out_dir.mkdir(parents=True, exist_ok=True)
     write_price_book(out_dir / "pricebook.csv")
@@ -41,7 +41,7 @@ def reference(ctx: click.Context, out_dir: Path) -> None:
 def reference_set(pricebook: Path | None, taxes: Path | None, sample: bool) -> None:
     """Register a price book and a tax table (stored by content hash): `billing submit` without --pricebook
     or --taxes rates with them from now on."""
-    from shared.rules.sample import sample_price_book_bytes, sample_tax_table_bytes
+    from billing.sample import sample_price_book_bytes, sample_tax_table_bytes
 
     from . import client
 

@@ -27,8 +27,8 @@ import pytest
 import yaml
 
 from billing.autoscale import QueueTrigger, ScaleRule, check_queues, read_manifests, scale_rules
+from billing.sample import generate
 from shared.errors import ConfigurationError
-from shared.rules.sample import generate
 from shared.settings import Settings
 from support.exact import assert_batch_exact, billing
 from support.references import sample_flags

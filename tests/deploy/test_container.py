@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from shared.rules.sample import generate
+from billing.sample import generate
 from shared.settings import Settings
 from support.exact import assert_batch_exact, billing
 from support.references import sample_flags

@@ -21,8 +21,8 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
+from billing.sample import generate
 from shared.protocol import PoisonNotice
-from shared.rules.sample import generate
 from store import Store, queries, reports
 from store.queries import Filters
 from support.benchmarks import run_benchmark

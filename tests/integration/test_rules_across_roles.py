@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.store_apply import BATCH, rated
-from shared.rules.sample import generate, sample_price_book_bytes, sample_tax_table_bytes
+from billing.sample import generate, sample_price_book_bytes, sample_tax_table_bytes
 from store import Store, reports
 from support.exact import expected, read_raw, sorted_records
 from support.records import manifest

@@ -18,8 +18,8 @@ import sqlalchemy as sa
 from alembic import command
 from alembic.config import Config
 
+from billing.sample import generate
 from shared.protocol import PoisonNotice, WorkItemResult
-from shared.rules.sample import generate
 from store import MIGRATIONS, Store, reports
 from store.cache import FoldCache, Folded
 from store.fold import fold, keys, partials

@@ -16,7 +16,7 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
-from shared.rules.sample import sample_price_book_bytes, sample_tax_table_bytes
+from billing.sample import sample_price_book_bytes, sample_tax_table_bytes
 from support import reference_model as model
 
 

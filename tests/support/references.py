@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from shared.rules.sample import write_price_book, write_tax_table
+from billing.sample import write_price_book, write_tax_table
 
 
 def sample_files(directory: Path) -> tuple[Path, Path]:

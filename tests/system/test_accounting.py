@@ -13,8 +13,8 @@ from pathlib import Path
 from pydantic import SecretStr
 
 from billing import client, progress
+from billing.sample import generate
 from shared.messaging.storage import request_kind
-from shared.rules.sample import generate
 from shared.settings import Settings
 from store import Store
 from support.azurite import running_azurite

@@ -10,8 +10,8 @@ import json
 from pathlib import Path
 
 from billing import client
+from billing.sample import generate
 from shared.messaging.storage import Storage
-from shared.rules.sample import generate
 from shared.settings import Settings
 from store import Store
 from support.references import sample_options

@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 
 from billing.cli import ROLES
+from billing.sample import generate
 from shared.localstack import AzuriteStack
-from shared.rules.sample import generate
 from shared.settings import Settings
 from store import FINAL_STATES, BatchStatus, Store
 from support.azurite import running_azurite

@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import Browser, Page, expect
 
+from billing.sample import generate, sample_price_book_bytes
 from shared.messaging.storage import Storage, content_hash
 from shared.refstore import PRICEBOOK, ReferenceStore
-from shared.rules.sample import generate, sample_price_book_bytes
 from shared.settings import Settings
 from support.browser import DESKTOP, PHONE, chromium, console_server
 from support.exact import billing, expected, read_raw

@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 from pydantic import SecretStr
 
+from billing.sample import generate
 from shared.localstack import AzuriteStack
 from shared.messaging.storage import Storage
-from shared.rules.sample import generate
 from shared.settings import Settings
 from store import BatchStatus, Store
 from support.azurite import running_azurite

@@ -17,7 +17,7 @@ from pydantic import SecretStr
 
 from benchmarks.fault_proxy import KINDS, SERVICES, FaultProxy
 from billing import client, progress
-from shared.rules.sample import generate
+from billing.sample import generate
 from shared.settings import Settings
 from store import BatchStatus, Store
 from support.exact import expected, read_raw, report, sorted_records

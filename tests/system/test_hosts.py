@@ -23,8 +23,8 @@ from typing import Any
 
 import pytest
 
+from billing.sample import generate
 from shared.localstack import AzuriteStack
-from shared.rules.sample import generate
 from shared.settings import Settings
 from support.exact import billing, expected, read_raw, report, sorted_records
 from support.hosts import Host, HostsRefused, hosts

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from billing.client import REQUESTED
+from billing.sample import generate
 from shared.messaging.envelope import BATCH_PREFIX, batch_blob
 from shared.messaging.storage import Storage
-from shared.rules.sample import generate
 from shared.settings import Settings
 from support.exact import billing, expected, read_raw, report, sorted_records
 from support.references import sample_flags

@@ -14,11 +14,11 @@ from typing import Any
 
 import pytest
 
+from billing.sample import generate, sample_price_book_bytes
 from shared.messaging.envelope import ClaimCheck
 from shared.messaging.storage import Storage, content_hash
 from shared.protocol import WorkHeader, work_envelope
 from shared.refstore import PRICEBOOK, ReferenceStore
-from shared.rules.sample import generate, sample_price_book_bytes
 from shared.settings import Settings
 from support.exact import billing, expected, read_raw, report, sorted_records
 from support.references import sample_flags

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.recovery import RECOVERY_MARGIN, freeze_holding_work, wait_complete
-from shared.rules.sample import generate
+from billing.sample import generate
 from shared.settings import Settings
 from support.exact import assert_batch_exact, billing
 from support.references import sample_flags

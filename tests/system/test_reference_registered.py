@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from shared.rules.sample import sample_price_book_bytes, sample_tax_table_bytes
+from billing.sample import sample_price_book_bytes, sample_tax_table_bytes
 from shared.settings import Settings
 from support.roles import Roles
 

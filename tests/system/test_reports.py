@@ -9,7 +9,7 @@ from collections import Counter
 from pathlib import Path
 
 from billing.console.render import money
-from shared.rules.sample import generate
+from billing.sample import generate
 from shared.settings import Settings
 from support.exact import billing, expected, read_raw
 from support.references import sample_flags

@@ -21,8 +21,8 @@ from urllib.parse import quote
 import pytest
 from pydantic import SecretStr
 
+from billing.sample import generate
 from shared.localstack import free_ports
-from shared.rules.sample import generate
 from shared.settings import Settings
 from support.azurite import running_azurite
 from support.references import sample_flags

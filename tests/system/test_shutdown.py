@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from shared.rules.sample import generate
+from billing.sample import generate
 from shared.settings import Settings
 from store import BatchStatus, Store
 from support.exact import billing, expected, read_raw, report, sorted_records

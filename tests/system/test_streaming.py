@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from billing.client import HEAD_BYTES
+from billing.sample import generate
 from shared.messaging.storage import Storage
-from shared.rules.sample import generate
 from shared.settings import Settings
 from support.exact import billing, report
 from support.references import sample_flags

@@ -14,9 +14,9 @@ import pytest
 
 from billing import client
 from billing.client import REQUESTED
+from billing.sample import sample_price_book_bytes, sample_tax_table_bytes
 from shared import inbox
 from shared.messaging.storage import Storage
-from shared.rules.sample import sample_price_book_bytes, sample_tax_table_bytes
 from shared.settings import Settings
 
 HEADER = "transaction_id,account_id,timestamp,product,quantity,region\n"
@@ -46,8 +46,8 @@ def sample_registered(settings_env: Settings) -> None:
 
 @pytest.fixture
 def product() -> str:
+    from billing.sample import sample_price_book_bytes
     from shared.rules.reference import load_price_book
-    from shared.rules.sample import sample_price_book_bytes
 
     return next(iter(load_price_book(sample_price_book_bytes()).products))
 

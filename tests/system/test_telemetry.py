@@ -26,11 +26,11 @@ from opentelemetry import trace
 from opentelemetry.proto.trace.v1.trace_pb2 import Status
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 
+from billing.sample import generate, sample_price_book_bytes
 from shared import telemetry
 from shared.messaging.envelope import ClaimCheck, Envelope
 from shared.messaging.storage import Storage, content_hash
 from shared.refstore import PRICEBOOK
-from shared.rules.sample import generate, sample_price_book_bytes
 from shared.settings import Settings
 from support.exact import billing
 from support.netns import NamespaceRefused, loopback_only

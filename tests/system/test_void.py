@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from shared.rules.sample import generate
+from billing.sample import generate
 from shared.settings import Settings
 from support.exact import billing, expected, read_raw, sorted_records
 from support.roles import Roles

@@ -11,8 +11,8 @@ import sys
 import threading
 from pathlib import Path
 
+from billing.sample import generate
 from processor.pool import RatingPool
-from shared.rules.sample import generate
 from shared.settings import Settings
 from store import Store
 from support.exact import assert_batch_exact, billing

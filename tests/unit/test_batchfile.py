@@ -14,6 +14,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from billing.sample import generate
 from shared.errors import FileRefused
 from shared.rules.batchfile import (
     CHUNK_SCHEMA,
@@ -24,7 +25,6 @@ from shared.rules.batchfile import (
     detect_format,
     read_chunks,
 )
-from shared.rules.sample import generate
 from support.batchfiles import RAW_SCHEMA, with_raw
 
 HEADER = "transaction_id,account_id,timestamp,product,quantity,region\n"

@@ -14,12 +14,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
+from billing.sample import generate
 from initiator.debatch import Cut, Debatch
 from shared import inbox
 from shared.errors import FileRefused, PoisonMessage
 from shared.protocol import REPEATS_SCHEMA, WorkHeader, decode_work, encode_table
 from shared.rules.batchfile import read_chunks
-from shared.rules.sample import generate
 from support.batchfiles import with_raw
 
 HEADER = "transaction_id,account_id,timestamp,product,quantity,region\n"

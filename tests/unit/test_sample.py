@@ -11,9 +11,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from shared.rules.batchfile import FORMATS, RAW_COLUMNS, read_chunks
-from shared.rules.reference import load_price_book, load_tax_table
-from shared.rules.sample import (
+from billing.sample import (
     DEFECTS,
     NOTES_COLUMN,
     generate,
@@ -22,6 +20,8 @@ from shared.rules.sample import (
     write_price_book,
     write_tax_table,
 )
+from shared.rules.batchfile import FORMATS, RAW_COLUMNS, read_chunks
+from shared.rules.reference import load_price_book, load_tax_table
 from shared.rules.validation import validate
 from support.reference_model import Row, check_batch, rate_row, read_prices, read_rates
 

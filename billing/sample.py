@@ -23,7 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from .batchfile import FORMATS, RAW_COLUMNS
+from shared.rules.batchfile import FORMATS, RAW_COLUMNS
 
 _PRICE_BOOK = """\
 product,currency,unit_price,offpeak_unit_price,minimum_charge
