@@ -57,7 +57,7 @@ from store import FINAL_STATES, BatchStatus, Store, reports
 
 from .expected import Expected, expected
 from .fault_proxy import SLOW, FaultProxy
-from .postgres import LocalPostgres
+from .postgres import PostgresServer
 
 StoreKind = Literal["sqlite", "postgresql"]
 #: The roles' settings for the soak: small work items (many messages in flight when a fault hits), a
@@ -177,11 +177,13 @@ class Soak:
             scope.callback(azurite.stop)
             connection = azurite.start()
             self.azurite = azurite
-            self.postgres: LocalPostgres | None = None
+            self.postgres: PostgresServer | None = None
             sql: dict[str, Any] = {}
             if self.store_kind == "postgresql":
                 # Its own temporary folder: as root the server runs as `postgres`, which must enter it.
-                self.postgres = LocalPostgres(Path(scope.enter_context(tempfile.TemporaryDirectory(prefix="soak-pg-"))))
+                self.postgres = PostgresServer(
+                    data_dir=Path(scope.enter_context(tempfile.TemporaryDirectory(prefix="soak-pg-")))
+                )
                 sql["sql_url"] = SecretStr(self.postgres.start())
                 scope.callback(self.postgres.stop)
             self.settings = Settings(home=home, storage_connection_string=SecretStr(connection), **KNOBS, **sql)

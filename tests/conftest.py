@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
+from benchmarks.postgres import PostgresNotInstalled, PostgresServer
 from shared.messaging.storage import Storage
 from shared.settings import Settings
 from support.azurite import running_azurite
-from support.postgres import PostgresNotInstalled, PostgresServer
 from support.roles import Roles
 
 

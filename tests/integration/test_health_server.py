@@ -11,13 +11,13 @@ import socket
 import aiohttp
 import pytest
 
+from benchmarks.postgres import PostgresServer
 from controller.service import Controller
 from shared.errors import ConfigurationError
 from shared.messaging import health
 from shared.messaging.storage import Storage
 from shared.settings import Settings
 from store import Store
-from support.postgres import PostgresServer
 from support.waiting import wait_until_async
 
 

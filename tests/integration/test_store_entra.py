@@ -16,10 +16,10 @@ import pytest
 import sqlalchemy as sa
 from azure.identity import ManagedIdentityCredential
 
+from benchmarks.postgres import PostgresServer
 from shared.errors import InfrastructureError
 from store import ENTRA_POSTGRES_SCOPE, Store
 from support.identity import IdentityPlatform, make_certificates
-from support.postgres import PostgresServer
 
 pytestmark = pytest.mark.postgres
 

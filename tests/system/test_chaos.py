@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from benchmarks.postgres import PostgresServer
 from billing.cli import ROLES
 from billing.sample import generate
 from shared.localstack import AzuriteStack
@@ -22,7 +23,6 @@ from shared.settings import Settings
 from store import FINAL_STATES, BatchStatus, Store
 from support.azurite import running_azurite
 from support.exact import billing, expected, read_raw, report, sorted_records
-from support.postgres import PostgresServer
 from support.references import sample_flags
 from support.roles import Roles
 from support.waiting import wait_until
