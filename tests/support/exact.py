@@ -16,8 +16,8 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
+from benchmarks import reference_model as model
 from billing.sample import sample_price_book_bytes, sample_tax_table_bytes
-from support import reference_model as model
 
 
 def billing(*args: str) -> subprocess.CompletedProcess[str]:

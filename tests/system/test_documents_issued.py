@@ -12,9 +12,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from benchmarks import reference_model as model
 from billing.sample import generate, sample_price_book_bytes, sample_tax_table_bytes
 from shared.settings import Settings
-from support import reference_model as model
 from support.exact import billing, read_raw
 from support.roles import Roles
 

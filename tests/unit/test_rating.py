@@ -13,12 +13,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from benchmarks.reference_model import Row, check_batch, rate_row, raw_chunk, read_prices, read_rates
 from shared.errors import ReferenceDataError
 from shared.rules.rating import aggregate, itemise
 from shared.rules.reference import PriceBook, TaxTable, load_price_book, load_tax_table
 from shared.rules.schemas import PARTIAL_SCHEMA
 from shared.rules.validation import validate
-from support.reference_model import Row, check_batch, rate_row, raw_chunk, read_prices, read_rates
 
 PRICES = """product,currency,unit_price,offpeak_unit_price,minimum_charge
 usd,USD,0.015,0.01,

@@ -11,6 +11,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
+from benchmarks.reference_model import Row, check_batch, rate_row, read_prices, read_rates
 from billing.sample import (
     DEFECTS,
     NOTES_COLUMN,
@@ -23,7 +24,6 @@ from billing.sample import (
 from shared.rules.batchfile import FORMATS, RAW_COLUMNS, read_chunks
 from shared.rules.reference import load_price_book, load_tax_table
 from shared.rules.validation import validate
-from support.reference_model import Row, check_batch, rate_row, read_prices, read_rates
 
 _ID = re.compile(r"[A-Za-z0-9._:-]{1,64}")
 _TIMESTAMP = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d+)?(Z|[+-]\d{2}:\d{2})")

@@ -13,13 +13,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from benchmarks.reference_model import Row, check_batch, raw_chunk, read_prices, read_rates
 from shared.rules.batchfile import read_chunks
 from shared.rules.duplicates import FirstOccurrences, keep_first
 from shared.rules.reference import load_price_book, load_tax_table
 from shared.rules.schemas import REJECT_SCHEMA
 from shared.rules.validation import ACCEPTED_SCHEMA, REASONS, validate
 from support.batchfiles import with_raw
-from support.reference_model import Row, check_batch, raw_chunk, read_prices, read_rates
 
 PRICES = "product,currency,unit_price,offpeak_unit_price,minimum_charge\ncpu,USD,0.5,,\nGPU,EUR,2,1,\n"
 RATES = "region,tax_rate\n*,0.2\nDE,0.19\nfr,0.055\n"

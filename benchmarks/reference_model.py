@@ -1,7 +1,8 @@
 """An independent, deliberately simple model of validation and rating: one row at a time,
 ``re``, ``datetime`` and ``decimal`` (ROUND_HALF_UP) only. Tests compare the vectorised code to it.
 
-It reads the reference CSVs itself (assuming they are valid) and shares no code with ``shared``.
+It reads the reference CSVs itself (assuming they are valid) and shares no code with ``shared``; the tests
+and ``billing soak`` (:mod:`benchmarks.expected`) check the pipeline against it.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import re
 from dataclasses import dataclass
 from datetime import date, datetime, timedelta
 from decimal import ROUND_HALF_UP, Context, Decimal
+from typing import Any
 
 import pyarrow as pa
 
@@ -229,9 +231,10 @@ class Ledger:
                 if r.billing_day[:7] != period:
                     continue
                 sums = billed.setdefault((period, row.account_id, r.currency, row.product, batch_id), [Decimal(0)] * 5)
-                for i, value in enumerate((1, row.quantity, r.net, r.tax, r.total)):
+                measures = (Decimal(1), row.quantity, Decimal(r.net), Decimal(r.tax), Decimal(r.total))
+                for i, value in enumerate(measures):
                     sums[i] += value
-        changes = {}
+        changes: dict[tuple[str, ...], list[Decimal]] = {}
         for key in billed.keys() | {k for k in self.documented if k[0] == period}:
             now, before = billed.get(key, [Decimal(0)] * 5), self.documented.get(key, [Decimal(0)] * 5)
             change = [a - b for a, b in zip(now, before, strict=True)]
@@ -242,13 +245,13 @@ class Ledger:
             line = lines.setdefault((account, currency), {}).setdefault(product, [Decimal(0)] * 5)
             for i, value in enumerate(change):
                 line[i] += value
-        issued = []
+        issued: list[dict[str, object]] = []
         pairs_before = {(d["account_id"], d["currency"]) for d in self.documents if d["period"] == period}
         for account, currency in sorted(lines):
             products = {p: s for p, s in lines[account, currency].items() if any(s)}
             if not products:
                 continue
-            doc_lines = []
+            doc_lines: list[dict[str, Any]] = []
             for product in sorted(products):
                 of_line = sorted(k[4] for k in changes if k[1:4] == (account, currency, product))
                 for batch_id in of_line:
@@ -269,7 +272,7 @@ class Ledger:
                     "period": period,
                     "account_id": account,
                     "currency": currency,
-                    **{m: sum(line[m] for line in doc_lines) for m in ("net", "tax", "total")},  # type: ignore[misc]
+                    **{m: sum(line[m] for line in doc_lines) for m in ("net", "tax", "total")},
                     "lines": doc_lines,
                 }
             )
