@@ -221,6 +221,29 @@ def _document_table(found: Document) -> str:
     return "\n".join(head + table)
 
 
+def pending_report(engine: sa.Engine, period: str, accounts: tuple[str, ...], currencies: tuple[str, ...]) -> list[str]:
+    """What ``billing report invoices --period P`` says of the period's documents: open; or closed, and what its
+    next close would issue (the pending difference) for the accounts and currencies asked for (empty: any)."""
+    from store.documents import periods
+
+    found = periods(engine, period)
+    if not found or not found[0].closed:
+        return [f"period {period} is open: no close has issued a document of it"]
+    pending = [
+        d
+        for d in found[0].pending
+        if (not accounts or d.account_id in accounts) and (not currencies or d.currency in currencies)
+    ]
+    if not pending:
+        return [f"period {period} is closed ({found[0].documents} document(s)); nothing pending"]
+    lines = [f"period {period} is closed; pending difference (what the next close would issue):"]
+    for d in pending:
+        sums = d.sums
+        amounts = "  ".join(f"{m} {money(getattr(sums, m), d.currency)}" for m in ("net", "tax", "total"))
+        lines.append(f"  {d.kind:<10}  {d.account_id}  {amounts}")
+    return lines
+
+
 def _summary(doc: Document) -> str:
     amounts = "  ".join(f"{m} {money(getattr(doc, m), doc.currency)}" for m in ("net", "tax", "total"))
     return f"{doc.number}  {doc.kind:<10}  {doc.period}  {doc.account_id}  {amounts}"

@@ -15,8 +15,6 @@ from . import render
 #: The issuer's block: a placeholder until the issuer's own details are configured.
 ISSUER = ("Issuer name (placeholder)", "Street and number", "Postcode, city, country", "Tax registration number")
 COLUMNS = ("product", "transactions", "quantity", "net", "tax", "total")
-#: The columns aligned right (numbers).
-NUMERIC = frozenset({"transactions", "quantity", "net", "tax", "total"})
 
 
 @dataclass(frozen=True)

@@ -17,9 +17,11 @@ from reportlab.platypus import Flowable, Paragraph, SimpleDocTemplate, Spacer, T
 
 from store.documents import Document
 
-from .invoice import NUMERIC, InvoiceView, view
+from .invoice import InvoiceView, view
 
 FONT, BOLD = "Vera", "VeraBd"
+#: The least width of the product column.
+PRODUCT_WIDTH = 40 * mm
 INK, RULE, SHADE = colors.HexColor("#1d2330"), colors.HexColor("#c9ced6"), colors.HexColor("#eef1f5")
 
 
@@ -33,7 +35,6 @@ def _styles() -> dict[str, ParagraphStyle]:
         "small": ParagraphStyle("small", parent=body, fontSize=7.5, leading=10),
         "title": ParagraphStyle("title", parent=body, fontName=BOLD, fontSize=16, leading=20, spaceAfter=4),
         "bold": ParagraphStyle("bold", parent=body, fontName=BOLD),
-        "right": ParagraphStyle("right", parent=body, alignment=2),
     }
 
 
@@ -53,7 +54,9 @@ def pdf(doc: Document) -> bytes:
         topMargin=16 * mm,
         bottomMargin=16 * mm,
     )
-    page.build([*_head(shown, styles, page.width), Spacer(1, 8 * mm), _lines(shown, styles), *_foot(shown, styles)])
+    page.build(
+        [*_head(shown, styles, page.width), Spacer(1, 8 * mm), _lines(shown, styles, page.width), *_foot(shown, styles)]
+    )
     return out.getvalue()
 
 
@@ -76,25 +79,41 @@ def _head(shown: InvoiceView, styles: dict[str, ParagraphStyle], width: float) -
     return [head]
 
 
-def _lines(shown: InvoiceView, styles: dict[str, ParagraphStyle]) -> Table:
-    def cell(column: str, value: str, style: str = "body") -> Paragraph:
-        return _text(value, styles["right"] if column in NUMERIC else styles[style])
+def _lines(shown: InvoiceView, styles: dict[str, ParagraphStyle], width: float) -> Table:
+    """The lines and totals: figures as plain right-aligned text in columns as wide as their widest, the product
+    column taking the rest (its names wrap); a smaller type where the figures would not fit otherwise."""
+    count = len(shown.columns)
+    texts = [list(shown.columns), *(list(line) for line in shown.lines)]
+    texts += [[name, *([""] * (count - 2)), value] for name, value in shown.totals]
 
-    rows = [[cell(c, c, "bold") for c in shown.columns]]
-    rows += [[cell(c, v) for c, v in zip(shown.columns, line, strict=True)] for line in shown.lines]
-    blank = len(shown.columns) - 2
-    rows += [[_text(name, styles["bold"]), *([""] * blank), cell("total", value)] for name, value in shown.totals]
-    first_total = len(rows) - len(shown.totals)
+    def figure_widths(size: float) -> list[float]:
+        return [max(pdfmetrics.stringWidth(row[i], BOLD, size) for row in texts) + 4 * mm for i in range(1, count)]
+
+    size = styles["body"].fontSize
+    room = width - PRODUCT_WIDTH
+    if sum(figure_widths(size)) > room:
+        size *= room / sum(figure_widths(size))
+    body = ParagraphStyle("cell", parent=styles["body"], fontSize=size, leading=size * 1.3)
+    bold = ParagraphStyle("cell-bold", parent=body, fontName=BOLD)
+    first_total = len(texts) - len(shown.totals)
+    rows = [[_text(row[0], body if 0 < n < first_total else bold), *row[1:]] for n, row in enumerate(texts)]
+    numbers = figure_widths(size)
     return Table(
         rows,
-        colWidths=[None, 22 * mm, 22 * mm, 30 * mm, 28 * mm, 30 * mm],
+        colWidths=[width - sum(numbers), *numbers],
         repeatRows=1,
         style=TableStyle(
             [
+                ("FONT", (1, 0), (-1, -1), FONT, size, body.leading),
+                ("FONT", (1, 0), (-1, 0), BOLD, size, body.leading),
+                ("FONT", (1, first_total), (-1, -1), BOLD, size, body.leading),
+                ("TEXTCOLOR", (0, 0), (-1, -1), INK),
+                ("ALIGN", (1, 0), (-1, -1), "RIGHT"),
                 ("BACKGROUND", (0, 0), (-1, 0), SHADE),
                 ("LINEBELOW", (0, 0), (-1, -1), 0.4, RULE),
                 ("LINEABOVE", (0, first_total), (-1, first_total), 1, INK),
                 ("VALIGN", (0, 0), (-1, -1), "TOP"),
+                *(("SPAN", (0, row), (-2, row)) for row in range(first_total, len(rows))),
             ]
         ),
     )
