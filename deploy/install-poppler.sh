@@ -13,4 +13,7 @@ if [ "$(id -u)" -ne 0 ]; then
 fi
 "${sudo[@]}" apt-get update -qq
 "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends poppler-utils >/dev/null
-command -v pdftotext >/dev/null && command -v pdftoppm >/dev/null || { echo "poppler-utils install failed" >&2; exit 1; }
+if ! command -v pdftotext >/dev/null || ! command -v pdftoppm >/dev/null; then
+    echo "poppler-utils install failed" >&2
+    exit 1
+fi
