@@ -9,16 +9,13 @@ from collections import defaultdict
 from typing import Annotated, Any
 
 from fastapi import APIRouter, HTTPException, Path, Query, Request
-from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import HTMLResponse, RedirectResponse
 
 from store import documents as ledger_documents
-from store.ledger import LedgerError
 
-from ..ledger import void_batch
-from . import guard, invoice, render
+from . import guard, invoice, ledger_api, render
 from .api import ID_PATTERN, SettingsDep, StoreDep
-from .ledger_api import Number, PeriodName, period_state, refusal
+from .ledger_api import Number, PeriodName, period_state
 
 router = APIRouter(include_in_schema=False)
 
@@ -70,13 +67,9 @@ async def close_action(
     token: guard.Token = "",
     csrf: guard.Csrf = "",
 ) -> RedirectResponse:
-    """Close the period (as ``billing close``), then show it with how many documents were issued."""
-    guard.authorise(request, settings, token, csrf)
-    try:
-        issued = await run_in_threadpool(ledger_documents.close, store.engine, period)
-    except LedgerError as exc:
-        raise refusal(exc) from None
-    return RedirectResponse(f"/periods/{period}?issued={len(issued)}", status_code=303)
+    """Close the period as the API does, then show it with how many documents were issued."""
+    closed = await ledger_api.close_period(request, store, settings, period, token, csrf)
+    return RedirectResponse(f"/periods/{period}?issued={len(closed['issued'])}", status_code=303)
 
 
 @router.get("/documents/{number}")
@@ -96,10 +89,6 @@ async def void_action(
     token: guard.Token = "",
     csrf: guard.Csrf = "",
 ) -> RedirectResponse:
-    """Void the batch (as ``billing void``), then show it."""
-    guard.authorise(request, settings, token, csrf)
-    try:
-        await void_batch(settings, store.engine, batch_id)
-    except LedgerError as exc:
-        raise refusal(exc) from None
+    """Void the batch as the API does, then show it."""
+    await ledger_api.void(request, settings, store, batch_id, token, csrf)
     return RedirectResponse(f"/batches/{batch_id}?voided=1", status_code=303)
