@@ -6,6 +6,7 @@ nothing changed). Money is an exact integer in minor units of the document's ``c
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal
+from urllib.parse import urlencode
 
 from fastapi import APIRouter, HTTPException, Path, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
@@ -91,7 +92,7 @@ def list_documents(
     )
     if len(found) == limit:
         query = {k: v for k, v in (("period", period), ("account", account), ("kind", kind)) if v}
-        following = "&".join(f"{k}={v}" for k, v in {**query, "limit": limit, "offset": offset + limit}.items())
+        following = urlencode({**query, "limit": limit, "offset": offset + limit})
         response.headers["Link"] = f'</api/documents?{following}>; rel="next"'
     return [doc.to_json_dict() for doc in found]
 
