@@ -16,9 +16,11 @@ lint: setup
 	$(PYTHON) -m ruff format --check .
 	$(PYTHON) -m mypy
 
-# System packages the tests use (Debian; root or sudo): PostgreSQL, Podman for the image, chromium for the console.
+# System packages the tests use (Debian; root or sudo): PostgreSQL, Podman for the image, chromium for the console,
+# poppler-utils (pdftotext, pdftoppm) for the documents' PDF.
 test: setup lint
 	bash deploy/install-postgres.sh
 	bash deploy/install-podman.sh
 	bash deploy/install-chromium.sh
+	bash deploy/install-poppler.sh
 	$(PYTHON) -m pytest

@@ -234,8 +234,9 @@ def report(
     output: Path | None,
 ) -> None:
     """Print or write a report: of one batch (--batch ID), or summed over every complete batch (or the
-    batches named) under the filters. net, tax and total are exact integers in minor units (cents for USD)
-    in table, csv, json and parquet; html (one self-contained file, with charts) shows currency units."""
+    batches named) under the filters. net, tax and total are exact integers in minor units (cents for USD) in
+    csv, json and parquet; table and html (one self-contained file, with charts) show currency units. Invoices of
+    a closed --period also name the pending difference (what the next close would issue)."""
     from store import Store, reports  # pandas and the report writers: only for the commands that report
     from store.queries import Filters
 
@@ -247,6 +248,11 @@ def report(
     settings = Settings()
     with Store(settings.sql_url_value) as store:
         frame = getattr(reports, kind)(store, one_batch or filters)
+        pending = (
+            ledger.pending_report(store.engine, period, accounts, currencies)
+            if kind == "invoices" and period and not batch_ids
+            else []
+        )
     if fmt == "html":
         from .console import render  # Jinja2 and the charts: only for HTML
 
@@ -260,6 +266,8 @@ def report(
         console.print(f"batches included: {escape(included)}", soft_wrap=True)
         for batch in frame.attrs["excluded"]:
             console.print(f"batch excluded ({batch.state}): {escape(batch.batch_id)}", soft_wrap=True)
+    for line in pending:
+        console.print(escape(line), soft_wrap=True, highlight=False)
 
 
 @cli.command()

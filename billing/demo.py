@@ -19,6 +19,7 @@ from rich.table import Table
 
 from billing.sample import generate, write_price_book, write_tax_table
 from shared.localstack import resolve
+from shared.rules.reference import money
 from shared.settings import Settings
 from store import Store, reports
 
@@ -101,8 +102,8 @@ def _print_results(
         summary.add_row(key, str(value))
     console.print(summary)
 
-    shown = invoices.head(15)
-    table = Table(title=f"Invoices (first {len(shown)} of {len(invoices)})")
+    shown = reports.in_units(invoices.head(15))
+    table = Table(title=f"Invoices (first {len(shown)} of {len(invoices)}; money in each currency's units)")
     for column in shown.columns:
         table.add_column(column, justify="right" if column in ("net", "tax", "total") else "left")
     for row in shown.itertuples(index=False):
@@ -123,9 +124,7 @@ def _print_results(
         f"{accepted} = {recorded}: {'OK' if accepted == recorded else 'MISMATCH'}",
     )
     for currency, group in invoices.groupby("currency"):
-        recon.add_row(
-            f"total {currency} (minor units)",
-            f"net {sum(group['net'])} + tax {sum(group['tax'])} = {sum(group['total'])}",
-        )
+        net, tax, total = (money(sum(group[m]), str(currency)) for m in ("net", "tax", "total"))
+        recon.add_row(f"total {currency}", f"net {net} + tax {tax} = {total}")
     recon.add_row("wall time", f"{elapsed:.1f} s")
     console.print(recon)

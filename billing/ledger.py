@@ -13,8 +13,13 @@ import click
 
 from shared.localstack import resolve
 from shared.logs import redact
+from shared.rules.reference import money
 
 if TYPE_CHECKING:
+    import sqlalchemy as sa
+
+    from shared.settings import Settings
+    from store import BatchStatus
     from store.documents import Document
 
 
@@ -74,20 +79,28 @@ def void(batch_id: str) -> None:
     """Void a complete batch: it counts nowhere from now on (its aggregates stay stored, marked voided), and its
     batch id stays taken (submitting it again is refused). An unknown, incomplete or voided batch is refused."""
     from store import Store
-    from store.ledger import AlreadyVoided
-    from store.ledger import void as void_batch
-
-    from . import client
 
     settings = resolve()
     with Store(settings.sql_url_value) as store:
-        try:
-            voided = void_batch(store.engine, batch_id)
-        except AlreadyVoided:
-            asyncio.run(client.mark_voided(settings, batch_id))  # a void whose inbox mark was never written
-            raise
-    asyncio.run(client.mark_voided(settings, batch_id))
+        voided = asyncio.run(void_batch(settings, store.engine, batch_id))
     click.echo(redact(f"batch {batch_id} (seq {voided.seq}) voided: it counts nowhere from now on"))
+
+
+async def void_batch(settings: Settings, engine: sa.Engine, batch_id: str) -> BatchStatus:
+    """Void a batch in the store (:func:`store.ledger.void`: refused with :class:`store.ledger.LedgerError`), then
+    mark it voided in the inbox so that its id is refused when submitted again; also when the store had voided
+    it before (a void whose inbox mark was never written). What ``billing void`` and the API do."""
+    from store.ledger import AlreadyVoided, void
+
+    from . import client
+
+    try:
+        voided = await asyncio.to_thread(void, engine, batch_id)
+    except AlreadyVoided:
+        await client.mark_voided(settings, batch_id)
+        raise
+    await client.mark_voided(settings, batch_id)
+    return voided
 
 
 @click.command("close")
@@ -102,13 +115,16 @@ def close(period: str) -> None:
 
     with Store(Settings().sql_url_value) as store:
         issued = close_period(store.engine, period)
-    if not issued:
-        click.echo(f"period {period}: nothing to issue (no billed amount changed since its last close)")
-        return
-    first, last = issued[0].number, issued[-1].number
-    click.echo(f"period {period}: issued {len(issued)} document(s), numbers {first} to {last}")
+    click.echo(closing_message(period, issued))
     for doc in issued:
         click.echo(_summary(doc))
+
+
+def closing_message(period: str, issued: list[Document]) -> str:
+    """What a close says of what it issued (``billing close``, the API)."""
+    if not issued:
+        return f"period {period}: nothing to issue (no billed amount changed since its last close)"
+    return f"period {period}: issued {len(issued)} document(s), numbers {issued[0].number} to {issued[-1].number}"
 
 
 @click.group("documents")
@@ -140,52 +156,97 @@ def documents_list(period: str | None, account: str | None, kind: str | None, fm
 
 @documents_group.command("show")
 @click.argument("number", type=click.IntRange(min=1))
-@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
-def documents_show(number: int, fmt: str) -> None:
-    """Show one document: its head, its lines (per product, with the batches that changed each) and totals."""
+@click.option(
+    "--format", "fmt", type=click.Choice(["table", "json", "html", "pdf"]), default="table", show_default=True
+)
+@click.option("--output", type=click.Path(dir_okay=False, path_type=Path), help="Write to this file (pdf: required).")
+def documents_show(number: int, fmt: str, output: Path | None) -> None:
+    """Show one document: its head, its lines (per product, with the batches that changed each) and totals; html
+    and pdf read and print as an invoice, money in the currency's units (json: integer minor units)."""
     from shared.settings import Settings
     from store import Store
     from store.documents import document
 
+    if fmt == "pdf" and output is None:
+        raise click.UsageError("--format pdf writes a file: give --output F")
     with Store(Settings().sql_url_value) as store:
         found = document(store.engine, number)
     if found is None:
         raise click.ClickException(f"no document numbered {number}")
-    if fmt == "json":
-        click.echo(json.dumps(found.to_json_dict(), indent=2))
+    if fmt == "pdf":
+        from .console.pdf import pdf  # ReportLab: only for PDF
+
+        assert output is not None
+        output.write_bytes(pdf(found))
+        click.echo(f"wrote {output}")
         return
-    click.echo(f"{found.kind.capitalize()} No. {found.number}")
-    click.echo(f"period {found.period}   account {found.account_id}   currency {found.currency}")
-    click.echo(f"issued {found.issued_at.isoformat()}")
-    click.echo(f"price books {', '.join(found.pricebooks) or '-'}   tax tables {', '.join(found.tax_tables) or '-'}")
+    if fmt == "html":
+        from .console.invoice import html  # Jinja2: only for HTML
+
+        text = html(found, standalone=True)
+    else:
+        text = json.dumps(found.to_json_dict(), indent=2) if fmt == "json" else _document_table(found)
+    if output is None:
+        click.echo(text)
+    else:
+        output.write_text(text + "\n", encoding="utf-8")
+        click.echo(f"wrote {output}")
+
+
+def _document_table(found: Document) -> str:
+    """The document as terminal text, money in the currency's units."""
+    head = [
+        f"{found.kind.capitalize()} No. {found.number}",
+        f"period {found.period}   account {found.account_id}   currency {found.currency}",
+        f"issued {found.issued_at.isoformat()}",
+        f"price books {', '.join(found.pricebooks) or '-'}   tax tables {', '.join(found.tax_tables) or '-'}",
+        f"money in {found.currency}, in its own units",
+    ]
     rows: list[tuple[str, ...]] = [("product", "transactions", "quantity", "net", "tax", "total", "batches")]
     for line in found.lines:
         line_json = line.to_json_dict()
-        money = [units(line_json[m], found.currency) for m in ("net", "tax", "total")]
-        rows.append((line.product, str(line.sums.transactions), line_json["quantity"], *money, " ".join(line.batches)))
-    rows.append(("total", "", "", *(units(getattr(found, m), found.currency) for m in ("net", "tax", "total")), ""))
+        amounts = [money(line_json[m], found.currency) for m in ("net", "tax", "total")]
+        rows.append(
+            (line.product, str(line.sums.transactions), line_json["quantity"], *amounts, " ".join(line.batches))
+        )
+    rows.append(("total", "", "", *(money(getattr(found, m), found.currency) for m in ("net", "tax", "total")), ""))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    for row in rows:
-        cells = [
+    table = [
+        "  ".join(
             cell.rjust(w) if i in (1, 2, 3, 4, 5) else cell.ljust(w)
             for i, (cell, w) in enumerate(zip(row, widths, strict=True))
-        ]
-        click.echo("  ".join(cells).rstrip())
+        ).rstrip()
+        for row in rows
+    ]
+    return "\n".join(head + table)
 
 
-def units(minor: int, currency: str) -> str:
-    """Minor units in the currency's own units (ISO 4217 exponent), exactly: ``-1234, "USD"`` → ``-12.34``."""
-    from shared.rules.reference import CURRENCY_DIGITS
+def pending_report(engine: sa.Engine, period: str, accounts: tuple[str, ...], currencies: tuple[str, ...]) -> list[str]:
+    """What ``billing report invoices --period P`` says of the period's documents: open; or closed, and what its
+    next close would issue (the pending difference) for the accounts and currencies asked for (empty: any)."""
+    from store.documents import periods
 
-    digits = CURRENCY_DIGITS[currency]
-    sign = "-" if minor < 0 else ""
-    whole, fraction = divmod(abs(minor), 10**digits)
-    return f"{sign}{whole:,}" + (f".{fraction:0{digits}d}" if digits else "")
+    found = periods(engine, period)
+    if not found or not found[0].closed:
+        return [f"period {period} is open: no close has issued a document of it"]
+    pending = [
+        d
+        for d in found[0].pending
+        if (not accounts or d.account_id in accounts) and (not currencies or d.currency in currencies)
+    ]
+    if not pending:
+        return [f"period {period} is closed ({found[0].documents} document(s)); nothing pending"]
+    lines = [f"period {period} is closed; pending difference (what the next close would issue):"]
+    for d in pending:
+        sums = d.sums
+        amounts = "  ".join(f"{m} {money(getattr(sums, m), d.currency)}" for m in ("net", "tax", "total"))
+        lines.append(f"  {d.kind:<10}  {d.account_id}  {amounts}")
+    return lines
 
 
 def _summary(doc: Document) -> str:
-    money = "  ".join(f"{m} {units(getattr(doc, m), doc.currency)}" for m in ("net", "tax", "total"))
-    return f"{doc.number}  {doc.kind:<10}  {doc.period}  {doc.account_id}  {doc.currency}  {money}"
+    amounts = "  ".join(f"{m} {money(getattr(doc, m), doc.currency)}" for m in ("net", "tax", "total"))
+    return f"{doc.number}  {doc.kind:<10}  {doc.period}  {doc.account_id}  {amounts}"
 
 
 def add_commands(group: click.Group) -> None:

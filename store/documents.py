@@ -130,6 +130,55 @@ class Document:
         }
 
 
+@dataclass(frozen=True)
+class Difference:
+    """What the next close of a period would issue for one ``(account_id, currency)``: a document not yet
+    numbered, its lines naming their batches."""
+
+    kind: Kind
+    period: str
+    account_id: str
+    currency: str
+    lines: tuple[Line, ...]
+
+    @property
+    def sums(self) -> Sums:
+        return sum((line.sums for line in self.lines), Sums())
+
+    def to_json_dict(self) -> dict[str, Any]:
+        """As a document's JSON, without ``number``, ``issued_at`` and the hashes."""
+        sums = self.sums
+        return {
+            "kind": self.kind,
+            "period": self.period,
+            "account_id": self.account_id,
+            "currency": self.currency,
+            "net": sums.net,
+            "tax": sums.tax,
+            "total": sums.total,
+            "lines": [line.to_json_dict() for line in self.lines],
+        }
+
+
+@dataclass(frozen=True)
+class Period:
+    """A billing period with billed rows or documents: ``closed`` once it has a document; ``pending`` is what
+    its next close would issue (for a period never closed, everything billed)."""
+
+    period: str
+    closed: bool
+    documents: int
+    pending: tuple[Difference, ...]
+
+    def to_json_dict(self) -> dict[str, Any]:
+        return {
+            "period": self.period,
+            "state": "closed" if self.closed else "open",
+            "documents": self.documents,
+            "pending": [difference.to_json_dict() for difference in self.pending],
+        }
+
+
 def quantity_text(value: Decimal) -> str:
     """A plain decimal text without exponent or trailing zeros (``-12.5``, ``3``, ``0``)."""
     if value == 0:
@@ -156,27 +205,59 @@ def close(engine: sa.Engine, period: str, *, now: datetime | None = None) -> lis
     with writing(engine) as conn:
         if conn.dialect.name == "postgresql":
             conn.execute(sa.select(sa.func.pg_advisory_xact_lock(_CLOSE_LOCK)))
-        billed = _billed(conn, first, last)
-        documented, pairs_documented = _documented(conn, period)
-        keys = billed.keys() | documented.keys()
-        changes = {key: change for key in keys if (change := _diff(billed, documented, key))}
-        pending = _pending(changes)
-        if not pending:
+        differences, changes = _differences(conn, period, first, last)
+        if not differences:
             return []
-        number = take_numbers(conn, DOCUMENT_NUMBER, len(pending))
-        issued = []
-        for offset, ((account_id, currency), lines) in enumerate(sorted(pending.items())):
-            kind: Kind = "adjustment" if (account_id, currency) in pairs_documented else "invoice"
-            issued.append(_document(number + offset, kind, period, account_id, currency, now, lines))
-        _insert(conn, issued, changes)
+        number = take_numbers(conn, DOCUMENT_NUMBER, len(differences))
+        issued = _insert(conn, [_numbered(number + i, d, now) for i, d in enumerate(differences)], changes)
     return issued
 
 
+def pending(engine: sa.Engine, period: str, *, today: date | None = None) -> list[Difference]:
+    """What closing ``period`` now would issue, in the order it would number them; nothing is written.
+    :class:`LedgerError` for a malformed or future period."""
+    first, last = period_days(period, today or datetime.now(UTC).date())
+    with engine.connect() as conn:
+        return _differences(conn, period, first, last)[0]
+
+
+def periods(engine: sa.Engine, only: str | None = None) -> list[Period]:
+    """Every period with billed rows (complete batches, not voided) or documents, newest first; or only the
+    period ``only`` (none when it has neither)."""
+    a = aggregates
+    billed_days = (
+        sa.select(a.c.billing_day)
+        .distinct()
+        .select_from(a.join(batches, a.c.batch_id == batches.c.batch_id))
+        .where(batches.c.state == BatchState.complete.value, batches.c.voided_at.is_(None))
+    )
+    issued = sa.select(schema.documents.c.period, sa.func.count()).group_by(schema.documents.c.period)
+    if only is not None:
+        first, last = period_days(only, date.max)
+        billed_days = billed_days.where(a.c.billing_day >= first, a.c.billing_day <= last)
+        issued = issued.where(schema.documents.c.period == only)
+    found = []
+    with engine.connect() as conn:
+        counts = {row[0]: int(row[1]) for row in conn.execute(issued)}
+        names = {day.strftime("%Y-%m") for day in conn.execute(billed_days).scalars()} | counts.keys()
+        for name in sorted(names, reverse=True):
+            differences = _differences(conn, name, *period_days(name, date.max))[0]
+            found.append(Period(name, name in counts, counts.get(name, 0), tuple(differences)))
+    return found
+
+
 def documents(
-    engine: sa.Engine, *, period: str | None = None, account: str | None = None, kind: str | None = None
+    engine: sa.Engine,
+    *,
+    period: str | None = None,
+    account: str | None = None,
+    kind: str | None = None,
+    limit: int | None = None,
+    offset: int = 0,
 ) -> list[Document]:
-    """The documents issued, by number, of a period, an account, a kind (None: any)."""
-    query = sa.select(schema.documents)
+    """The documents issued, by number, of a period, an account, a kind (None: any); ``limit`` of them from
+    ``offset`` on (None: all)."""
+    query = sa.select(schema.documents).limit(limit).offset(offset)
     for column, value in (("period", period), ("account_id", account), ("kind", kind)):
         if value is not None:
             query = query.where(schema.documents.c[column] == value)
@@ -235,14 +316,28 @@ def _diff(billed: Mapping[_Key, Sums], documented: Mapping[_Key, Sums], key: _Ke
     return billed.get(key, Sums()) - documented.get(key, Sums())
 
 
-def _pending(changes: Mapping[_Key, Sums]) -> dict[tuple[str, str], dict[str, Sums]]:
-    """The per-batch changes summed per pair and product; only the products whose change is not zero, only the
-    pairs with such a product."""
-    lines: dict[tuple[str, str], dict[str, Sums]] = defaultdict(lambda: defaultdict(Sums))
-    for (account_id, currency, product, _), change in changes.items():
-        lines[account_id, currency][product] += change
-    kept = {pair: {p: s for p, s in products.items() if s} for pair, products in lines.items()}
-    return {pair: products for pair, products in kept.items() if products}
+def _differences(
+    conn: sa.Connection, period: str, first: date, last: date
+) -> tuple[list[Difference], dict[_Key, Sums]]:
+    """What a close of ``period`` would issue, in ``(account_id, currency)`` order: per pair, its products whose
+    change is not zero (only the pairs with such a product); and the per-batch changes they sum."""
+    billed = _billed(conn, first, last)
+    documented, pairs_documented = _documented(conn, period)
+    changes = {key: change for key in billed.keys() | documented.keys() if (change := _diff(billed, documented, key))}
+    per_line: dict[tuple[str, str], dict[str, list[tuple[str, Sums]]]] = defaultdict(lambda: defaultdict(list))
+    for (account_id, currency, product, batch_id), change in sorted(changes.items()):
+        per_line[account_id, currency][product].append((batch_id, change))
+    differences = []
+    for (account_id, currency), products in sorted(per_line.items()):
+        lines = []
+        for product, of_batches in sorted(products.items()):
+            sums = sum((change for _, change in of_batches), Sums())
+            if sums:
+                lines.append(Line(product, sums, tuple(batch_id for batch_id, _ in of_batches)))
+        if lines:
+            kind: Kind = "adjustment" if (account_id, currency) in pairs_documented else "invoice"
+            differences.append(Difference(kind, period, account_id, currency, tuple(lines)))
+    return differences, changes
 
 
 def _hashes(conn: sa.Connection, batch_ids: set[str]) -> dict[str, tuple[str | None, str | None]]:
@@ -252,52 +347,40 @@ def _hashes(conn: sa.Connection, batch_ids: set[str]) -> dict[str, tuple[str | N
     return {r.batch_id: (r.pricebook_hash, r.taxes_hash) for r in conn.execute(query)}
 
 
-def _document(
-    number: int,
-    kind: Kind,
-    period: str,
-    account_id: str,
-    currency: str,
-    now: datetime,
-    products: Mapping[str, Sums],
-) -> Document:
-    """A document whose lines do not know their batches yet, nor it its reference data (:func:`_insert` sets
-    both)."""
-    lines = tuple(Line(product, sums, ()) for product, sums in sorted(products.items()))
-    total = sum((line.sums for line in lines), Sums())
-    return Document(number, kind, period, account_id, currency, now, total.net, total.tax, total.total, (), (), lines)
+def _numbered(number: int, difference: Difference, now: datetime) -> Document:
+    """A difference as a document numbered ``number``, not yet knowing its reference data (:func:`_insert`)."""
+    d, sums = difference, difference.sums
+    return Document(
+        number, d.kind, d.period, d.account_id, d.currency, now, sums.net, sums.tax, sums.total, (), (), d.lines
+    )
 
 
-def _insert(conn: sa.Connection, issued: list[Document], changes: Mapping[_Key, Sums]) -> None:
+def _insert(conn: sa.Connection, issued: list[Document], changes: Mapping[_Key, Sums]) -> list[Document]:
     """Write the documents, their lines and the per-batch changes each line sums (one statement a table); the
-    batches of each line and the hashes of each document are set on the objects (``issued`` replaced in place)."""
-    by_line: dict[tuple[str, str, str], list[tuple[str, Sums]]] = defaultdict(list)
-    for (account_id, currency, product, batch_id), change in sorted(changes.items()):
-        by_line[account_id, currency, product].append((batch_id, change))
+    documents returned with the price book and tax table hashes of their lines' batches."""
     batch_hashes = _hashes(conn, {key[3] for key in changes})
-    heads, lines, per_batch = [], [], []
-    for index, doc in enumerate(issued):
-        with_batches = []
+    heads, lines, per_batch, written = [], [], [], []
+    for doc in issued:
         for line in doc.lines:
-            of_line = by_line[doc.account_id, doc.currency, line.product]
-            with_batches.append(Line(line.product, line.sums, tuple(batch_id for batch_id, _ in of_line)))
             lines.append({"number": doc.number, "product": line.product, **line.sums.values()})
             per_batch += [
-                {"number": doc.number, "product": line.product, "batch_id": batch_id, **change.values()}
-                for batch_id, change in of_line
+                {"number": doc.number, "product": line.product, "batch_id": batch_id}
+                | changes[doc.account_id, doc.currency, line.product, batch_id].values()
+                for batch_id in line.batches
             ]
-        used = {batch_id for line in with_batches for batch_id in line.batches}
-        issued[index] = doc = dataclasses.replace(
+        used = {batch_id for line in doc.lines for batch_id in line.batches}
+        doc = dataclasses.replace(
             doc,
-            lines=tuple(with_batches),
             pricebooks=tuple(sorted({h for b in used if (h := batch_hashes[b][0])})),
             tax_tables=tuple(sorted({h for b in used if (h := batch_hashes[b][1])})),
         )
         head = {f.name: getattr(doc, f.name) for f in dataclasses.fields(doc) if f.name != "lines"}
         heads.append({**head, "pricebooks": " ".join(doc.pricebooks), "tax_tables": " ".join(doc.tax_tables)})
+        written.append(doc)
     for table, rows in ((schema.documents, heads), (document_lines, lines), (document_batches, per_batch)):
         for chunk in chunks(rows, CHUNK):
             conn.execute(sa.insert(table), chunk)
+    return written
 
 
 def _with_lines(conn: sa.Connection, heads: Sequence[sa.RowMapping]) -> list[Document]:

@@ -2,7 +2,8 @@
 JSON or Parquet.
 
 Money columns (``net``, ``tax``, ``total``) hold Python ints (object dtype), never floats, whatever their
-size; ``quantity`` is a plain decimal string ("12.5", "3", "0").
+size; ``quantity`` is a plain decimal string ("12.5", "3", "0"). CSV, JSON and Parquet keep money in integer
+minor units; the terminal table shows it in each row's currency units and says so.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import pyarrow.parquet as pq
 import sqlalchemy as sa
 
 from shared.errors import InputError
+from shared.rules.reference import money
 
 from . import queries
 from .core import Store
@@ -31,6 +33,8 @@ MONEY_COLUMNS = ("net", "tax", "total")
 AGGREGATE_COLUMNS = ["account_id", "product", "billing_day", "currency", "transactions", "quantity", *MONEY_COLUMNS]
 INVOICE_COLUMNS = ["account_id", "billing_period", "currency", *MONEY_COLUMNS]
 REJECT_COLUMNS = ["row", "reason", "raw"]
+#: What a table with money says under it.
+MONEY_NOTE = "net, tax and total in each row's currency units (CSV, JSON and Parquet: integer minor units)"
 _ARROW_TYPES = {"transactions": pa.int64(), "row": pa.int64(), **{c: pa.decimal128(38, 0) for c in MONEY_COLUMNS}}
 Format = Literal["table", "csv", "json", "parquet"]
 
@@ -77,7 +81,8 @@ def write_report(df: pd.DataFrame, fmt: Format, output: Path | None = None) -> s
     """Render ``df`` as ``fmt``; return the text, or write it to ``output`` and return None.
 
     ``parquet`` needs ``output`` (money as ``decimal128(38, 0)``); ``csv`` neutralises spreadsheet
-    formulas by prefixing text cells that start with ``= + - @`` with a single quote.
+    formulas by prefixing text cells that start with ``= + - @`` with a single quote; ``table`` shows money in
+    the currency's units (:func:`in_units`).
     """
     if fmt == "parquet":
         if output is None:
@@ -85,7 +90,9 @@ def write_report(df: pd.DataFrame, fmt: Format, output: Path | None = None) -> s
         pq.write_table(_arrow(df), output)
         return None
     if fmt == "table":
-        text = df.to_string(index=False) if len(df) else "(no rows)\n" + "  ".join(df.columns)
+        text = in_units(df).to_string(index=False) if len(df) else "(no rows)\n" + "  ".join(df.columns)
+        if len(df) and MONEY_COLUMNS[0] in df.columns:
+            text += "\n" + MONEY_NOTE
     elif fmt == "csv":
         text = df.map(_csv_safe).to_csv(index=False, lineterminator="\n")
     elif fmt == "json":
@@ -98,6 +105,15 @@ def write_report(df: pd.DataFrame, fmt: Format, output: Path | None = None) -> s
         return text
     output.write_text(text if text.endswith("\n") else text + "\n", encoding="utf-8")
     return None
+
+
+def in_units(df: pd.DataFrame) -> pd.DataFrame:
+    """A copy of ``df`` with its money columns as text in each row's currency units (``1,234.56 USD``)."""
+    shown = df.copy()
+    for column in MONEY_COLUMNS:
+        if column in shown.columns:
+            shown[column] = [money(v, c) for v, c in zip(shown[column], shown["currency"], strict=True)]
+    return shown
 
 
 def _filters(selection: str | Filters) -> Filters:

@@ -20,7 +20,7 @@ from shared.logs import redact
 from shared.settings import Settings
 from store import Store
 
-from . import api, pages
+from . import api, ledger_api, ledger_pages, pages
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +49,8 @@ def create_app(settings: Settings, store: Store | None = None, *, allowed_hosts:
 
     app = FastAPI(
         title="Billing pipeline",
-        summary="Read-only: batches, aggregates and invoices across batches, roles, queues, poison, cost.",
+        summary="Batches, aggregates and invoices across batches, documents and periods, roles, queues, poison, cost; "
+        "close and void behind the console token and CSRF.",
         description="Money fields (`net`, `tax`, `total`) are exact integers in minor units of the row's `currency`.",
         version="1",
         docs_url=None,  # the interactive docs would load their scripts from a CDN
@@ -59,7 +60,9 @@ def create_app(settings: Settings, store: Store | None = None, *, allowed_hosts:
     app.state.settings = settings
     app.state.store = opened
     app.include_router(api.router)
+    app.include_router(ledger_api.router)
     app.include_router(pages.router)
+    app.include_router(ledger_pages.router)
     app.mount("/static", StaticFiles(packages=[("billing.console", "static")]), name="static")
     app.add_middleware(TrustedHostMiddleware, allowed_hosts=list(allowed_hosts))
 

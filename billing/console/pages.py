@@ -1,15 +1,12 @@
 """The console's HTML pages, rendered on the server from the same queries as the API (``api``).
 
-Only poison replay and purge change anything. They need ``BILLING_CONSOLE_TOKEN`` (compared in constant time),
-a POST, and a CSRF token: a random value the poison page puts both in a ``SameSite=Strict`` cookie and in the
-form, which must match. Without a configured token the console is read-only (no forms, and the POST is refused).
+Poison replay and purge here, close and void in :mod:`billing.console.ledger_pages`, are the actions that change
+anything; each passes :func:`billing.console.guard.authorise` (the console token, a POST, a CSRF value).
 """
 
 from __future__ import annotations
 
-import hmac
 import itertools
-import secrets
 from datetime import date, datetime
 from typing import Annotated, Any, Literal
 from urllib.parse import urlencode
@@ -22,12 +19,11 @@ from store import BatchState, queries
 from store.queries import Filters
 
 from .. import poison
-from . import charts, render
+from . import charts, guard, render
 from .api import ID_PATTERN, SettingsDep, StoreDep, batch_detail, batch_json, queue_depths, row_json
 
 router = APIRouter(include_in_schema=False)
 
-CSRF_COOKIE = "billing_csrf"
 INVOICE_PAGE = 500  # invoice rows per page
 #: Marks between which a batch's phases run, in the order they happen.
 PHASES = (
@@ -66,7 +62,13 @@ def batches_page(store: StoreDep) -> HTMLResponse:
 
 
 @router.get("/batches/{batch_id}")
-def batch_page(store: StoreDep, batch_id: Annotated[str, Path(pattern=ID_PATTERN)]) -> HTMLResponse:
+def batch_page(
+    request: Request,
+    store: StoreDep,
+    settings: SettingsDep,
+    batch_id: Annotated[str, Path(pattern=ID_PATTERN)],
+    voided: bool = False,
+) -> HTMLResponse:
     detail = batch_detail(store, batch_id)
     batch = detail["batch"]
     drawn = []
@@ -77,7 +79,8 @@ def batch_page(store: StoreDep, batch_id: Annotated[str, Path(pattern=ID_PATTERN
         reasons = detail["rejects_by_reason"]
         drawn.append(charts.bars(list(reasons), list(reasons.values()), title="Rejects by reason", unit="rows"))
     rejected = queries.rejected_rows(store, batch_id, limit=100)
-    return _html("batch.html", detail=detail, batch=batch, charts=drawn, rejected=rejected)
+    context = {"detail": detail, "batch": batch, "charts": drawn, "rejected": rejected, "just_voided": voided}
+    return guard.form_page(request, settings, render.page, "batch.html", **context)
 
 
 def _phase_spans(batch: dict[str, Any]) -> list[tuple[str, float, float]]:
@@ -161,16 +164,8 @@ async def roles_page(settings: SettingsDep) -> HTMLResponse:
 @router.get("/poison")
 async def poison_page(request: Request, settings: SettingsDep, done: str | None = None) -> HTMLResponse:
     found = await poison.overview(settings)
-    csrf = request.cookies.get(CSRF_COOKIE) or secrets.token_urlsafe(32)
-    page = _html(
-        "poison.html",
-        queues=[(q, n, entries) for q, n, entries in found if n or entries],
-        actions=settings.console_token is not None,
-        csrf=csrf,
-        done=done,
-    )
-    page.set_cookie(CSRF_COOKIE, csrf, httponly=True, samesite="strict", path="/poison")
-    return page
+    queues = [(q, n, entries) for q, n, entries in found if n or entries]
+    return guard.form_page(request, settings, render.page, "poison.html", queues=queues, done=done)
 
 
 @router.get("/poison/{queue}/{entry_id}")
@@ -194,18 +189,11 @@ async def poison_action(
     action: Literal["replay", "purge"],
     queue: Annotated[str, Form()],
     entry_id: Annotated[str, Form()],
-    token: Annotated[str, Form()] = "",
-    csrf: Annotated[str, Form()] = "",
+    token: guard.Token = "",
+    csrf: guard.Csrf = "",
 ) -> Response:
     """Replay or purge one poisoned message: needs the console token and the CSRF value of the poison page."""
-    configured = settings.console_token
-    if configured is None:
-        raise HTTPException(403, "the console is read-only: BILLING_CONSOLE_TOKEN is not set")
-    cookie = request.cookies.get(CSRF_COOKIE, "")
-    if not cookie or not hmac.compare_digest(cookie.encode(), csrf.encode()):
-        raise HTTPException(403, "the form is stale or came from elsewhere (CSRF check failed): reload the page")
-    if not hmac.compare_digest(configured.get_secret_value().encode(), token.encode()):
-        raise HTTPException(403, "wrong console token")
+    guard.authorise(request, settings, token, csrf)
     if queue not in settings.all_queues:
         raise HTTPException(404, "no such queue")
     entries = await poison.act(settings, action, queues=[queue], ids=[entry_id])

@@ -13,7 +13,7 @@ from typing import Any
 import jinja2
 import pandas as pd
 
-from shared.rules.reference import CURRENCY_DIGITS
+from shared.rules.reference import CURRENCY_DIGITS, money
 from store.queries import Filters
 
 from . import charts
@@ -26,15 +26,6 @@ ENVIRONMENT = jinja2.Environment(
     lstrip_blocks=True,
 )
 MONEY_COLUMNS = ("net", "tax", "total")
-
-
-def money(minor: int, currency: str) -> str:
-    """Minor units shown in the currency's units with thousands separators and its code: ``123456, "USD"``
-    → ``1,234.56 USD``; ``1234, "JPY"`` → ``1,234 JPY``; ``1, "KWD"`` → ``0.001 KWD`` (exact: integers only)."""
-    digits = CURRENCY_DIGITS.get(currency, 0)
-    sign = "-" if minor < 0 else ""
-    whole, fraction = divmod(abs(minor), 10**digits)
-    return f"{sign}{whole:,}" + (f".{fraction:0{digits}d}" if digits else "") + f" {currency}"
 
 
 def units(minor: int, currency: str) -> float:

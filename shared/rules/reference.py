@@ -34,6 +34,15 @@ _PRICE_COLUMNS = ("product", "currency", "unit_price", "offpeak_unit_price", "mi
 _TAX_COLUMNS = ("region", "tax_rate")
 
 
+def money(minor: int, currency: str) -> str:
+    """Minor units in the currency's own units (its ISO 4217 exponent) with thousands separators and its code,
+    exactly (integers only): ``123456, "USD"`` → ``1,234.56 USD``; ``1234, "JPY"`` → ``1,234 JPY``."""
+    digits = CURRENCY_DIGITS[currency]
+    sign = "-" if minor < 0 else ""
+    whole, fraction = divmod(abs(minor), 10**digits)
+    return f"{sign}{whole:,}" + (f".{fraction:0{digits}d}" if digits else "") + f" {currency}"
+
+
 @dataclass(frozen=True)
 class ProductPrice:
     """One product's prices, in micro-units of ``currency``."""

@@ -132,7 +132,7 @@ print("".join(f"IMPORT-FAILED {line}\\n" for line in failed))
 
 
 def test_the_roles_import_nothing_of_the_consoles_dependencies() -> None:
-    modules = {"fastapi", "uvicorn", "multipart", "python_multipart", "jinja2", "matplotlib", "starlette"}
+    modules = {"fastapi", "uvicorn", "multipart", "python_multipart", "jinja2", "matplotlib", "starlette", "reportlab"}
     done = subprocess.run(
         [sys.executable, "-c", BLOCKED_IMPORT, ",".join(sorted(modules))],
         capture_output=True,

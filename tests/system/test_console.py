@@ -75,7 +75,15 @@ def _page_invoices(page: Page) -> dict[tuple[str, str, str], int]:
             found[(cells[0], cells[1], cells[2])] = int(cells[3])
         if not page.locator("#next").count():
             return found
-        page.click("#next")
+        follow(page, "#next")
+
+
+def follow(page: Page, link: str) -> None:
+    """Click a link and wait until its page has loaded: a read right after the click could see the page before
+    or a page half parsed."""
+    href = page.locator(link).get_attribute("href") or ""
+    page.click(link)
+    page.wait_for_url(lambda url: url.endswith(href))  # and its load event
 
 
 def _fits(page: Page) -> bool:
@@ -108,7 +116,7 @@ def test_a_batch_watched_to_complete_its_invoices_downloads_and_escaping(
         assert page.locator("img").count() == 0 and page.locator("script").count() == 0
         assert page.title() != "pwned" and dialogs == []
 
-        page.click("#invoices-link")
+        follow(page, "#invoices-link")
         reference = _expected_invoices(path)
         assert _page_invoices(page) == reference
         with page.expect_download() as download:

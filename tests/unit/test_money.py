@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from billing.console.render import money
+from shared.rules.reference import money
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,200 @@
+"""The ledger in the JSON API (``/api``): documents (the JSON of ``billing documents list --format json``) and a
+document's PDF, billing periods with their pending difference, and the two ledger actions, close and void,
+behind the console token and CSRF (:mod:`billing.console.guard`), refused as the CLI refuses them (one line,
+nothing changed). Money is an exact integer in minor units of the document's ``currency``."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+from urllib.parse import urlencode
+
+from fastapi import APIRouter, HTTPException, Path, Query, Request, Response
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, Field
+
+from store import Store
+from store import documents as ledger_documents
+from store.ledger import AlreadyVoided, LedgerError
+from store.queries import PERIOD_PATTERN
+
+from ..ledger import closing_message, void_batch
+from . import guard
+from .api import ID_PATTERN, MONEY, SettingsDep, StoreDep, batch_json
+
+router = APIRouter(prefix="/api", tags=["ledger"])
+
+MAX_NUMBER = 2**63 - 1
+DOCUMENT_PAGE = 1000
+Number = Annotated[int, Path(ge=1, le=MAX_NUMBER, description="the document's number")]
+PeriodName = Annotated[str, Path(pattern=PERIOD_PATTERN, description="YYYY-MM")]
+
+
+class LineOut(BaseModel):
+    product: str
+    transactions: int
+    quantity: str = Field(description="exact decimal text")
+    net: int = Field(description=MONEY)
+    tax: int = Field(description=MONEY)
+    total: int = Field(description=MONEY)
+    batches: list[str] = Field(description="the batches whose rows changed this line")
+
+
+class DifferenceOut(BaseModel):
+    """What the next close would issue for one account and currency (signed)."""
+
+    kind: Literal["invoice", "adjustment"]
+    period: str
+    account_id: str
+    currency: str
+    net: int = Field(description=MONEY)
+    tax: int = Field(description=MONEY)
+    total: int = Field(description=MONEY)
+    lines: list[LineOut]
+
+
+class DocumentOut(DifferenceOut):
+    """An issued document, never changed."""
+
+    number: int
+    issued_at: str = Field(description="ISO 8601, UTC")
+    pricebooks: list[str] = Field(description="SHA-256 of the price books its lines were rated with")
+    tax_tables: list[str] = Field(description="SHA-256 of the tax tables its lines were rated with")
+
+
+class PeriodOut(BaseModel):
+    period: str
+    state: Literal["open", "closed"] = Field(description="closed once a close issued a document of it")
+    documents: int
+    pending: list[DifferenceOut] = Field(description="what closing it now would issue")
+
+
+class Closed(BaseModel):
+    period: str
+    issued: list[DocumentOut] = Field(description="in number order; empty when nothing changed since the last close")
+    message: str
+
+
+@router.get("/documents", response_model=list[DocumentOut], summary="Issued documents by number, under filters")
+def list_documents(
+    response: Response,
+    store: StoreDep,
+    period: Annotated[str | None, Query(pattern=PERIOD_PATTERN)] = None,
+    account: Annotated[str | None, Query(pattern=ID_PATTERN)] = None,
+    kind: Literal["invoice", "adjustment"] | None = None,
+    limit: Annotated[int, Query(ge=1, le=DOCUMENT_PAGE)] = DOCUMENT_PAGE,
+    offset: Annotated[int, Query(ge=0, le=10**9)] = 0,
+) -> list[dict[str, Any]]:
+    """A JSON list as ``billing documents list --format json`` prints it; a full page has a ``Link`` header to
+    the next one."""
+    found = ledger_documents.documents(
+        store.engine, period=period, account=account, kind=kind, limit=limit, offset=offset
+    )
+    if len(found) == limit:
+        query = {k: v for k, v in (("period", period), ("account", account), ("kind", kind)) if v}
+        following = urlencode({**query, "limit": limit, "offset": offset + limit})
+        response.headers["Link"] = f'</api/documents?{following}>; rel="next"'
+    return [doc.to_json_dict() for doc in found]
+
+
+@router.get("/documents/{number}", response_model=DocumentOut, summary="One document")
+def one_document(store: StoreDep, number: Number) -> dict[str, Any]:
+    return _document(store, number).to_json_dict()
+
+
+@router.get(
+    "/documents/{number}/pdf",
+    response_class=Response,
+    responses={200: {"content": {"application/pdf": {}}}},
+    summary="One document as PDF",
+)
+def document_pdf(store: StoreDep, number: Number) -> Response:
+    from .pdf import pdf  # ReportLab: only for this
+
+    body = pdf(_document(store, number))
+    disposition = f'inline; filename="document-{number}.pdf"'
+    return Response(body, media_type="application/pdf", headers={"Content-Disposition": disposition})
+
+
+def _document(store: Store, number: int) -> ledger_documents.Document:
+    found = ledger_documents.document(store.engine, number)
+    if found is None:
+        raise HTTPException(404, f"no document numbered {number}")
+    return found
+
+
+@router.get("/periods", response_model=list[PeriodOut], summary="Billing periods, newest first: state, pending")
+def list_periods(store: StoreDep) -> list[dict[str, Any]]:
+    return [period.to_json_dict() for period in ledger_documents.periods(store.engine)]
+
+
+@router.get("/periods/{period}", response_model=PeriodOut, summary="One billing period: state, pending difference")
+def one_period(store: StoreDep, period: PeriodName) -> dict[str, Any]:
+    return period_state(store, period).to_json_dict()
+
+
+def period_state(store: Store, period: str) -> ledger_documents.Period:
+    """A period as :func:`store.documents.periods` has it; one without rows or documents open, nothing pending."""
+    found = ledger_documents.periods(store.engine, period)
+    return found[0] if found else ledger_documents.Period(period, False, 0, ())
+
+
+@router.get("/csrf", summary="A CSRF value for the actions (also set as the `billing_csrf` cookie)")
+def csrf(request: Request) -> JSONResponse:
+    value = guard.csrf_value(request)
+    response = JSONResponse({"csrf": value})
+    guard.set_csrf(response, value)
+    return response
+
+
+@router.post(
+    "/periods/{period}/close",
+    response_model=Closed,
+    summary="Close a period (console token and CSRF): issue its documents, as `billing close` does",
+    responses={400: {"description": "malformed or future period"}, 403: {"description": "token or CSRF refused"}},
+)
+async def close_period(
+    request: Request,
+    store: StoreDep,
+    settings: SettingsDep,
+    period: PeriodName,
+    token: guard.Token = "",
+    csrf: guard.Csrf = "",
+) -> dict[str, Any]:
+    guard.authorise(request, settings, token, csrf)
+    try:
+        issued = await run_in_threadpool(ledger_documents.close, store.engine, period)
+    except LedgerError as exc:
+        raise refusal(exc) from None
+    message = closing_message(period, issued)
+    return {"period": period, "issued": [doc.to_json_dict() for doc in issued], "message": message}
+
+
+@router.post(
+    "/batches/{batch_id}/void",
+    summary="Void a complete batch (console token and CSRF), as `billing void` does",
+    responses={
+        400: {"description": "unknown or incomplete batch"},
+        403: {"description": "token or CSRF refused"},
+        409: {"description": "voided before"},
+    },
+)
+async def void(
+    request: Request,
+    settings: SettingsDep,
+    store: StoreDep,
+    batch_id: Annotated[str, Path(pattern=ID_PATTERN)],
+    token: guard.Token = "",
+    csrf: guard.Csrf = "",
+) -> dict[str, Any]:
+    guard.authorise(request, settings, token, csrf)
+    try:
+        voided = await void_batch(settings, store.engine, batch_id)
+    except LedgerError as exc:
+        raise refusal(exc) from None
+    return batch_json(voided)
+
+
+def refusal(exc: LedgerError) -> HTTPException:
+    """A ledger refusal as HTTP: 409 for a batch voided before, 400 otherwise; its one line as the detail."""
+    return HTTPException(409 if isinstance(exc, AlreadyVoided) else 400, str(exc))

@@ -1,0 +1,124 @@
+"""A document as PDF, laid out with ReportLab's platypus from the figures of :func:`billing.console.invoice.view`
+(the HTML page's too): A4, the issuer's block and the document's facts, the lines with totals, the reference
+data. The font is ReportLab's own Bitstream Vera, embedded, so that the file reads the same everywhere."""
+
+from __future__ import annotations
+
+import io
+from xml.sax.saxutils import escape
+
+from reportlab.lib import colors
+from reportlab.lib.pagesizes import A4
+from reportlab.lib.styles import ParagraphStyle
+from reportlab.lib.units import mm
+from reportlab.pdfbase import pdfmetrics
+from reportlab.pdfbase.ttfonts import TTFont
+from reportlab.platypus import Flowable, Paragraph, SimpleDocTemplate, Spacer, Table, TableStyle
+
+from store.documents import Document
+
+from .invoice import InvoiceView, view
+
+FONT, BOLD = "Vera", "VeraBd"
+#: The least width of the product column.
+PRODUCT_WIDTH = 40 * mm
+INK, RULE, SHADE = colors.HexColor("#1d2330"), colors.HexColor("#c9ced6"), colors.HexColor("#eef1f5")
+
+
+def _styles() -> dict[str, ParagraphStyle]:
+    for name in (FONT, BOLD):
+        if name not in pdfmetrics.getRegisteredFontNames():
+            pdfmetrics.registerFont(TTFont(name, f"{name}.ttf"))
+    body = ParagraphStyle("body", fontName=FONT, fontSize=9, leading=12, textColor=INK)
+    return {
+        "body": body,
+        "small": ParagraphStyle("small", parent=body, fontSize=7.5, leading=10),
+        "title": ParagraphStyle("title", parent=body, fontName=BOLD, fontSize=16, leading=20, spaceAfter=4),
+        "bold": ParagraphStyle("bold", parent=body, fontName=BOLD),
+    }
+
+
+def pdf(doc: Document) -> bytes:
+    """The document as a PDF file's bytes."""
+    shown = view(doc)
+    styles = _styles()
+    out = io.BytesIO()
+    page = SimpleDocTemplate(
+        out,
+        pagesize=A4,
+        title=shown.title,
+        author=shown.issuer[0],
+        subject=f"{shown.title}, {shown.note}",
+        leftMargin=18 * mm,
+        rightMargin=18 * mm,
+        topMargin=16 * mm,
+        bottomMargin=16 * mm,
+    )
+    page.build(
+        [*_head(shown, styles, page.width), Spacer(1, 8 * mm), _lines(shown, styles, page.width), *_foot(shown, styles)]
+    )
+    return out.getvalue()
+
+
+def _text(value: str, style: ParagraphStyle) -> Paragraph:
+    return Paragraph(escape(value), style)
+
+
+def _head(shown: InvoiceView, styles: dict[str, ParagraphStyle], width: float) -> list[Flowable]:
+    issuer = [_text(shown.issuer[0], styles["bold"]), *(_text(line, styles["body"]) for line in shown.issuer[1:])]
+    facts = Table(
+        [[_text(name, styles["small"]), _text(value, styles["body"])] for name, value in shown.facts],
+        colWidths=[22 * mm, None],
+        style=TableStyle([("VALIGN", (0, 0), (-1, -1), "TOP"), ("LEFTPADDING", (0, 0), (-1, -1), 0)]),
+    )
+    head = Table(
+        [[issuer, [_text(shown.title, styles["title"]), facts]]],
+        colWidths=[width * 0.5, width * 0.5],
+        style=TableStyle([("VALIGN", (0, 0), (-1, -1), "TOP"), ("LEFTPADDING", (0, 0), (-1, -1), 0)]),
+    )
+    return [head]
+
+
+def _lines(shown: InvoiceView, styles: dict[str, ParagraphStyle], width: float) -> Table:
+    """The lines and totals: figures as plain right-aligned text in columns as wide as their widest, the product
+    column taking the rest (its names wrap); a smaller type where the figures would not fit otherwise."""
+    count = len(shown.columns)
+    texts = [list(shown.columns), *(list(line) for line in shown.lines)]
+    texts += [[name, *([""] * (count - 2)), value] for name, value in shown.totals]
+
+    def figure_widths(size: float) -> list[float]:
+        return [max(pdfmetrics.stringWidth(row[i], BOLD, size) for row in texts) + 4 * mm for i in range(1, count)]
+
+    size = styles["body"].fontSize
+    room = width - PRODUCT_WIDTH
+    if sum(figure_widths(size)) > room:
+        size *= room / sum(figure_widths(size))
+    body = ParagraphStyle("cell", parent=styles["body"], fontSize=size, leading=size * 1.3)
+    bold = ParagraphStyle("cell-bold", parent=body, fontName=BOLD)
+    first_total = len(texts) - len(shown.totals)
+    rows = [[_text(row[0], body if 0 < n < first_total else bold), *row[1:]] for n, row in enumerate(texts)]
+    numbers = figure_widths(size)
+    return Table(
+        rows,
+        colWidths=[width - sum(numbers), *numbers],
+        repeatRows=1,
+        style=TableStyle(
+            [
+                ("FONT", (1, 0), (-1, -1), FONT, size, body.leading),
+                ("FONT", (1, 0), (-1, 0), BOLD, size, body.leading),
+                ("FONT", (1, first_total), (-1, -1), BOLD, size, body.leading),
+                ("TEXTCOLOR", (0, 0), (-1, -1), INK),
+                ("ALIGN", (1, 0), (-1, -1), "RIGHT"),
+                ("BACKGROUND", (0, 0), (-1, 0), SHADE),
+                ("LINEBELOW", (0, 0), (-1, -1), 0.4, RULE),
+                ("LINEABOVE", (0, first_total), (-1, first_total), 1, INK),
+                ("VALIGN", (0, 0), (-1, -1), "TOP"),
+                *(("SPAN", (0, row), (-2, row)) for row in range(first_total, len(rows))),
+            ]
+        ),
+    )
+
+
+def _foot(shown: InvoiceView, styles: dict[str, ParagraphStyle]) -> list[Flowable]:
+    notes = [shown.note, *(f"{name}: {value}" for name, value in shown.references)]
+    return [Spacer(1, 6 * mm), *(_text(note, styles["small"]) for note in notes)]
