@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from billing import client
-from billing.client import REQUESTED
+from shared.submissions import REQUESTED
 from billing.sample import sample_price_book_bytes, sample_tax_table_bytes
 from shared import inbox
 from shared.messaging.storage import Storage
