@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from shared.submissions import REQUESTED, TAKEN
 from billing.sample import generate
 from shared.messaging.envelope import BATCH_PREFIX, batch_blob
 from shared.messaging.storage import Storage
 from shared.settings import Settings
+from shared.submissions import REQUESTED, TAKEN
 from support.exact import billing, expected, read_raw, report, sorted_records
 from support.references import sample_flags
 from support.roles import Roles
