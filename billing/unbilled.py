@@ -28,8 +28,9 @@ if TYPE_CHECKING:
     from store import BatchStatus, Store
 
 
-def unbilled(settings: Settings, store: Store) -> list[InboxFile]:
-    """The inbox's files that no batch in ``store`` accounts for, oldest first."""
+def unbilled(settings: Settings, store: Store) -> list[InboxFile] | None:
+    """The inbox's files that no batch in ``store`` accounts for, oldest first; None (and a line on stderr)
+    when storage cannot be reached: the rest of ``billing status`` still shows."""
     from store.batches import accounted
 
     async def known(batch_ids: list[str]) -> Collection[str]:
@@ -39,24 +40,33 @@ def unbilled(settings: Settings, store: Store) -> list[InboxFile]:
         async with Storage(settings) as storage:
             return await submissions.unbilled(storage.container(settings.inbox_container), known)
 
-    return asyncio.run(find())
+    try:
+        return asyncio.run(find())
+    except AzureError as exc:
+        Console(stderr=True).print(escape(f"unbilled files not listed: {redact(str(exc))}"), soft_wrap=True)
+        return None
 
 
-def as_json(files: Sequence[InboxFile]) -> list[dict[str, object]]:
-    return [
-        {
-            "batch_id": file.batch_id,
-            "source": file.source,
-            "uploaded_at": file.created.isoformat(),
-            "age_seconds": round(file.age()),
-        }
-        for file in files
-    ]
+def as_json(files: Sequence[InboxFile] | None) -> list[dict[str, object]] | None:
+    """The files for ``billing status --json`` (None: not listed)."""
+    return (
+        None
+        if files is None
+        else [
+            {
+                "batch_id": file.batch_id,
+                "source": file.source,
+                "uploaded_at": file.created.isoformat(),
+                "age_seconds": round(file.age()),
+            }
+            for file in files
+        ]
+    )
 
 
-def echo(files: Sequence[InboxFile]) -> None:
+def echo(files: Sequence[InboxFile] | None) -> None:
     """One line a file, for ``billing status``."""
-    for file in files:
+    for file in files or ():
         click.echo(f"unbilled batch_id={file.batch_id} source={file.source} age_seconds={file.age():.0f}")
 
 

@@ -75,7 +75,9 @@ def request_of(properties: BlobProperties) -> BatchRequest:
             uploaded_at=properties.last_modified,
         )
     except (KeyError, ValueError):
-        raise InputError(f"the inbox file of batch {name} does not keep its request: submit the file again") from None
+        raise InputError(
+            f"the inbox file of batch {name} does not keep its request: submit the file under a batch id of its own"
+        ) from None
 
 
 async def send_request(storage: Storage, settings: Settings, request: BatchRequest) -> None:
