@@ -56,6 +56,12 @@ class Submission:
     requests: dict[str, int]  # storage requests the submission made, by kind
 
 
+def check_batch_id(batch_id: str) -> None:
+    """Refuse a batch id that cannot name blobs and prefixes (:data:`BATCH_ID`)."""
+    if not BATCH_ID.fullmatch(batch_id):
+        raise InputError(f"batch id {batch_id!r}: use 1 to 128 letters, digits, '.', '_', ':' or '-'")
+
+
 def file_digest(path: Path) -> str:
     """Hex SHA-256 of a file, read in blocks: the default batch id."""
     digest = hashlib.sha256()
@@ -95,8 +101,8 @@ async def submit(
 ) -> Submission:
     """Check ``path`` and hand it over: inbox blob, reference data, batch request message. The price book and
     tax table not given are the registered set's (:func:`register`); with none registered it is refused."""
-    if batch_id is not None and not BATCH_ID.fullmatch(batch_id):
-        raise InputError(f"batch id {batch_id!r}: use 1 to 128 letters, digits, '.', '_', ':' or '-'")
+    if batch_id is not None:
+        check_batch_id(batch_id)
     size = path.stat().st_size
     if size > settings.max_file_bytes:
         raise FileRefused(

@@ -22,7 +22,7 @@ from shared.messaging.storage import Storage
 from shared.settings import Settings
 from shared.submissions import InboxFile
 
-from .client import BATCH_ID, announce
+from .client import announce, check_batch_id
 
 if TYPE_CHECKING:
     from store import BatchStatus, Store
@@ -49,19 +49,17 @@ def unbilled(settings: Settings, store: Store) -> list[InboxFile] | None:
 
 def as_json(files: Sequence[InboxFile] | None) -> list[dict[str, object]] | None:
     """The files for ``billing status --json`` (None: not listed)."""
-    return (
-        None
-        if files is None
-        else [
-            {
-                "batch_id": file.batch_id,
-                "source": file.source,
-                "uploaded_at": file.created.isoformat(),
-                "age_seconds": round(file.age()),
-            }
-            for file in files
-        ]
-    )
+    if files is None:
+        return None
+    return [
+        {
+            "batch_id": file.batch_id,
+            "source": file.source,
+            "uploaded_at": file.created.isoformat(),
+            "age_seconds": round(file.age()),
+        }
+        for file in files
+    ]
 
 
 def echo(files: Sequence[InboxFile] | None) -> None:
@@ -78,8 +76,7 @@ def resubmit(batch_id: str) -> None:
     from store import Store
     from store.batches import accounted
 
-    if not BATCH_ID.fullmatch(batch_id):
-        raise InputError(f"batch id {batch_id!r}: use 1 to 128 letters, digits, '.', '_', ':' or '-'")
+    check_batch_id(batch_id)
     settings = resolve()
     with Store(settings.sql_url_value) as store:
         if accounted(store.engine, [batch_id]):
