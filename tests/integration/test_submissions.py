@@ -14,6 +14,9 @@ from shared.messaging.envelope import ClaimCheck
 from shared.messaging.storage import Storage
 from shared.protocol import parse_request
 from shared.settings import Settings
+from store import Store
+from store.batches import accounted
+from support.records import manifest, result
 
 
 async def nothing_accounted(batch_ids: list[str]) -> Collection[str]:
@@ -65,3 +68,13 @@ async def test_only_a_lost_request_is_sent_again(settings_env: Settings, storage
     await submissions.mark_taken(inbox, "one")
     assert [f.batch_id for f in await resend(storage, settings_env, 0, nothing_accounted)] == ["two"]
     assert await requests_waiting(storage, settings_env) == 1, "an initiator has the request of one"
+
+
+def test_a_batch_is_accounted_for_once_its_manifest_is_recorded(sql_url: str) -> None:
+    with Store(sql_url) as store:
+        store.apply([], [result("partial:1", batch_id="partial")])  # results before their manifest
+        store.apply([manifest("accepted", work_items=2)], [result("accepted:1", batch_id="accepted")])
+        store.apply([manifest("refused", refused="bad file")], [])
+        asked = ["partial", "accepted", "refused", "unknown", *(f"many-{n}" for n in range(2500))]
+        assert accounted(store.engine, asked) == {"accepted", "refused"}
+        assert accounted(store.engine, []) == set()
