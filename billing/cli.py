@@ -181,7 +181,10 @@ def status(batch_id: str | None, as_json: bool) -> None:
         found = [store.batch(batch_id)] if batch_id else store.batches()
         waiting = [] if batch_id else unbilled.unbilled(resolve(settings), store)
     if batch_id and found[0] is None:
-        raise click.ClickException(f"batch {batch_id} is unknown (not yet debatched, or never submitted)")
+        raise click.ClickException(
+            f"batch {batch_id} is unknown (not yet debatched, or never submitted; `billing status` lists files "
+            "that sit unbilled)"
+        )
     rows = [s.to_json_dict() for s in found if s is not None]
     if batch_id:
         click.echo(json.dumps(rows[0], indent=2) if as_json else " ".join(f"{k}={v}" for k, v in rows[0].items()))
