@@ -29,7 +29,7 @@ from shared.messaging.service import STATE_INTERVAL
 from shared.roles import ROLES
 from shared.settings import Settings
 
-from . import client, cost, ledger, poison
+from . import client, cost, ledger, poison, unbilled
 
 if TYPE_CHECKING:
     from store import reports
@@ -142,8 +142,9 @@ def submit(
 
         from . import progress
 
+        watch = unbilled.RequestWatch(settings, submitted, console)
         with Store(settings.sql_url_value) as store:
-            statuses = progress.wait_with_progress(store, submitted, console=console, timeout=timeout)
+            statuses = progress.wait_with_progress(store, submitted, console=console, timeout=timeout, watch=watch)
         for status in statuses:
             progress.print_summary(status)
         incomplete = any(status.state != BatchState.complete for status in statuses)
@@ -169,16 +170,21 @@ async def _submit_all(
 @click.argument("batch_id", required=False)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def status(batch_id: str | None, as_json: bool) -> None:
-    """Show one batch's state, or every batch, the running roles (dequeue tasks, storage requests,
-    failover state per destination) and, with a secondary account, its backlog."""
+    """Show one batch's state, or every batch, the files in the inbox that no batch accounts for (with their
+    age), the running roles (dequeue tasks, storage requests, failover state per destination) and, with a
+    secondary account, its backlog."""
     from shared.messaging.runtime import role_states
     from store import Store
 
     settings = Settings()
     with Store(settings.sql_url_value) as store:
         found = [store.batch(batch_id)] if batch_id else store.batches()
+        waiting = [] if batch_id else unbilled.unbilled(resolve(settings), store)
     if batch_id and found[0] is None:
-        raise click.ClickException(f"batch {batch_id} is unknown (not yet debatched, or never submitted)")
+        raise click.ClickException(
+            f"batch {batch_id} is unknown (not yet debatched, or never submitted; `billing status` lists files "
+            "that sit unbilled)"
+        )
     rows = [s.to_json_dict() for s in found if s is not None]
     if batch_id:
         click.echo(json.dumps(rows[0], indent=2) if as_json else " ".join(f"{k}={v}" for k, v in rows[0].items()))
@@ -186,10 +192,15 @@ def status(batch_id: str | None, as_json: bool) -> None:
     roles = role_states(settings)
     backlog = asyncio.run(_backlog(resolve(settings))) if settings.has_secondary else {}
     if as_json:
-        click.echo(json.dumps({"batches": rows, "roles": roles, "backlog": backlog}, indent=2))
+        click.echo(
+            json.dumps(
+                {"batches": rows, "unbilled": unbilled.as_json(waiting), "roles": roles, "backlog": backlog}, indent=2
+            )
+        )
         return
     for row in rows:
         click.echo(" ".join(f"{k}={v}" for k, v in row.items()))
+    unbilled.echo(waiting)
     for state in roles:
         tasks = sum(listener["active_tasks"] for listener in state["listeners"])
         click.echo(f"{state['role']} pid={state['pid']} dequeue_tasks={tasks} storage_requests={state['requests']}")
@@ -358,6 +369,7 @@ def generate_command(rows: int, seed: int, fmt: str, out: Path) -> None:
 
 
 ledger.add_commands(cli)  # reference, void, close, documents
+cli.add_command(unbilled.resubmit)
 
 
 @cli.command("demo")

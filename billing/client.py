@@ -20,15 +20,15 @@ from azure.storage.blob.aio import BlobClient, ContainerClient
 
 from shared import inbox, telemetry
 from shared.errors import FileRefused, InputError
-from shared.messaging.envelope import ClaimCheck, batch_blob
 from shared.messaging.storage import Storage
 from shared.messaging.tally import Tally, tallying
 from shared.messaging.triggers import trigger_bus
-from shared.protocol import BatchRequest, request_envelope
+from shared.protocol import BatchRequest
 from shared.refstore import PRICEBOOK, TAXES, ReferenceSet, ReferenceStore
 from shared.rules.batchfile import detect_format, line_blocks, read_chunks
 from shared.rules.reference import load_price_book, load_tax_table
 from shared.settings import Settings
+from shared.submissions import REQUESTED, VOIDED, request_metadata, send_request
 
 log = logging.getLogger(__name__)
 
@@ -38,17 +38,11 @@ HEAD_BYTES = 1 << 20
 #: Frames uploaded at once.
 UPLOADS = 4
 
-#: Where the inbox marks a batch whose request went out (a batch id has no ``/``: no clash).
-REQUESTED = "requested/{}"
-
 #: Why ``billing submit`` without its own reference data is refused when none is registered.
 NONE_REGISTERED = (
     "no reference data registered: run `billing reference set --pricebook P --taxes T` once, "
     "or give --pricebook and --taxes"
 )
-
-#: Where the inbox marks a voided batch (``billing void``): its id stays taken, a new submission is refused.
-VOIDED = "voided/{}"
 
 #: Batch ids name blobs and prefixes (a ``/`` would nest one batch's blobs inside another's).
 BATCH_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
@@ -60,6 +54,12 @@ class Submission:
     fmt: str
     duplicate: bool  # the batch id had been submitted before; nothing changed
     requests: dict[str, int]  # storage requests the submission made, by kind
+
+
+def check_batch_id(batch_id: str) -> None:
+    """Refuse a batch id that cannot name blobs and prefixes (:data:`BATCH_ID`)."""
+    if not BATCH_ID.fullmatch(batch_id):
+        raise InputError(f"batch id {batch_id!r}: use 1 to 128 letters, digits, '.', '_', ':' or '-'")
 
 
 def file_digest(path: Path) -> str:
@@ -101,8 +101,8 @@ async def submit(
 ) -> Submission:
     """Check ``path`` and hand it over: inbox blob, reference data, batch request message. The price book and
     tax table not given are the registered set's (:func:`register`); with none registered it is refused."""
-    if batch_id is not None and not BATCH_ID.fullmatch(batch_id):
-        raise InputError(f"batch id {batch_id!r}: use 1 to 128 letters, digits, '.', '_', ':' or '-'")
+    if batch_id is not None:
+        check_batch_id(batch_id)
     size = path.stat().st_size
     if size > settings.max_file_bytes:
         raise FileRefused(
@@ -138,17 +138,12 @@ async def submit(
                 accepted_at=datetime.now(UTC),
             )
             container = storage.container(settings.inbox_container)
-            if not await _upload(container, batch_id, path, fmt):
+            if not await _upload(container, path, request):
                 if await container.get_blob_client(VOIDED.format(batch_id)).exists():
                     raise InputError(f"batch {batch_id} was voided: submit a corrected file under an id of its own")
                 return Submission(batch_id, fmt, duplicate=True, requests=storage.counter.snapshot())
-            request = dataclasses.replace(request, uploaded_at=datetime.now(UTC))
-            claim_check = ClaimCheck(storage, container=settings.work_container, limit=settings.max_message_bytes)
-            await claim_check.send(
-                settings.requests_queue, request_envelope(request), blob_name=batch_blob(batch_id, "request")
-            )
-            await container.upload_blob(REQUESTED.format(batch_id), b"", overwrite=True)
-            await _announce(settings, storage)
+            await send_request(storage, settings, dataclasses.replace(request, uploaded_at=datetime.now(UTC)))
+            await announce(settings, storage)
             return Submission(batch_id, fmt, duplicate=False, requests=storage.counter.snapshot())
 
 
@@ -191,15 +186,16 @@ async def mark_voided(settings: Settings, batch_id: str) -> None:
         await storage.container(settings.inbox_container).upload_blob(VOIDED.format(batch_id), b"", overwrite=True)
 
 
-async def _upload(container: ContainerClient, batch_id: str, path: Path, fmt: str) -> bool:
-    """Upload the file to its inbox blob (a text file as :mod:`shared.inbox` frames) unless it is there;
-    False when that batch was already submitted. An inbox blob without its :data:`REQUESTED` mark is an
-    upload whose request never went out (the submitting process died, or the upload's reply was lost and
-    the SDK's retry found the blob): this submission carries on and sends it. Should two submissions of
+async def _upload(container: ContainerClient, path: Path, request: BatchRequest) -> bool:
+    """Upload the file to its inbox blob (a text file as :mod:`shared.inbox` frames, its request in the
+    metadata) unless it is there; False when that batch was already submitted. An inbox blob without its
+    :data:`~shared.submissions.REQUESTED` mark is an upload whose request never went out (the submitting
+    process died, or the upload's reply was lost and the SDK's retry found the blob): this submission
+    carries on and sends it. Should two submissions of
     one file race, the initiator gets the request twice, which at-least-once delivery makes it handle
     anyway."""
-    codec = inbox.codec(fmt)
-    metadata = {"source": path.name[:200].encode("ascii", "replace").decode(), "format": fmt}
+    batch_id, codec = request.batch_id, inbox.codec(request.fmt)
+    metadata = request_metadata(request)
     try:
         with path.open("rb") as file:
             if codec is None:
@@ -238,8 +234,8 @@ async def _upload_frames(blob: BlobClient, frames: Iterator[bytes], metadata: di
     )
 
 
-async def _announce(settings: Settings, storage: Storage) -> None:
-    """Wake the initiator. A trigger is a hint: if it cannot be sent the initiator's safety poll
+async def announce(settings: Settings, storage: Storage) -> None:
+    """Wake the initiator to a request just sent. A trigger is a hint: if it cannot be sent the initiator's safety poll
     still finds the request, so a failure is logged and the submission stands."""
     bus = trigger_bus(settings, storage)
     if bus is None:

@@ -13,9 +13,15 @@ from store import FINAL_STATES, BatchStatus, Store
 
 
 def wait_with_progress(
-    store: Store, batch_ids: Sequence[str], *, console: Console, timeout: float | None = None
+    store: Store,
+    batch_ids: Sequence[str],
+    *,
+    console: Console,
+    timeout: float | None = None,
+    watch: Callable[[Mapping[str, BatchStatus | None]], None] | None = None,
 ) -> list[BatchStatus]:
-    """Wait for batches with a progress bar each, of recorded work items."""
+    """Wait for batches with a progress bar each, of recorded work items; ``watch`` is shown their statuses
+    at each look too (it may print above the bars on ``console``)."""
     columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=console, transient=True) as bar:
         tasks = {batch_id: bar.add_task(f"batch {batch_id[:16]}: waiting", total=None) for batch_id in batch_ids}
@@ -29,6 +35,8 @@ def wait_with_progress(
                         total=status.work_items,
                         completed=status.completed_items,
                     )
+            if watch is not None:
+                watch(statuses)
 
         statuses = wait_for_all(store, batch_ids, timeout=timeout, on_progress=show)
     unknown = [batch_id for batch_id, status in statuses.items() if status is None]

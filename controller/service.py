@@ -40,7 +40,9 @@ from shared.protocol import (
     parse_results,
 )
 from shared.settings import Settings
+from shared.submissions import resend_stale
 from store import Store
+from store import batches as store_batches
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +80,8 @@ class Controller(Service):
         )
         self.listen(settings.results_queue, self.handle, poison=poison, max_tasks=1, prefetch=False)
         self.repeat(min(CLEAN_UP_INTERVAL, max(1.0, settings.claim_check_retention)), self.clean_up)
+        if settings.unbilled_resend_age > 0:
+            self.repeat(settings.unbilled_resend_age, self.resend_unbilled)
         if storage.secondary is not None and settings.enable_syphon:
             add_syphon(self)
         self.batch_latency = Histogram(
@@ -168,6 +172,27 @@ class Controller(Service):
             deleted = await self.claim_check.delete_batch(batch_id)
             await self._in_sql_thread(functools.partial(self.store.mark_claims_deleted, batch_id))
             log.info("batch %s: %d claim-check blobs deleted", batch_id, deleted)
+
+    async def resend_unbilled(self) -> None:
+        """Send again the request of each inbox file that no batch accounts for, whose request no initiator took
+        and nothing sent for ``BILLING_UNBILLED_RESEND_AGE`` (lost: :func:`~shared.submissions.resend_stale`).
+        Costs a listing of the inbox a look; more requests only for such files."""
+
+        def accounted(batch_ids: list[str]) -> asyncio.Future[set[str]]:
+            return self._in_sql_thread(functools.partial(store_batches.accounted, self.store.engine, batch_ids))
+
+        age = self.settings.unbilled_resend_age
+        resent = await resend_stale(self.storage, self.settings, age, accounted)
+        for file in resent:
+            log.warning(
+                "batch %s: its file (%s) sat %.0f s in the inbox with no batch accounting for it and its request "
+                "taken by no initiator: request sent again",
+                file.batch_id,
+                file.source,
+                file.age(),
+            )
+        if resent:
+            await self.announce({self.settings.requests_queue: (len(resent), 0)})
 
     def readiness(self) -> dict[str, Callable[[], Awaitable[object]]]:
         # Not on the SQL thread: a ping must not wait behind a long fold.

@@ -30,6 +30,7 @@ from shared.protocol import BatchRequest, Manifest, WorkHeader, manifest_envelop
 from shared.refstore import PRICEBOOK, TAXES, ReferenceStore
 from shared.rules.reference import load_price_book, load_tax_table
 from shared.settings import Settings
+from shared.submissions import mark_taken
 
 from .debatch import Cut, Debatch
 from .pipe import BlockPipe
@@ -95,6 +96,7 @@ class Initiator(Service):
             try:
                 envelope = await self.claim_check.unpack(message.content)
                 request = parse_request(envelope)
+                await mark_taken(self.storage.container(self.settings.inbox_container), request.batch_id)
                 with telemetry.span(
                     "debatch",
                     telemetry.context_of(envelope.trace),  # a child of `billing submit`

@@ -61,6 +61,14 @@ class Settings(BaseSettings):
     # sweeps); keep it above the visibility timeout so a late duplicate still finds its blob.
     claim_check_retention: float = Field(default=24 * 3600.0, ge=0)
 
+    # Requests that vanish (docs/operations.md, "A file that sits unbilled"). `billing submit --wait` sends
+    # again a request no initiator took within this many seconds, at most this many times.
+    request_take_timeout: float = Field(default=60.0, gt=0)
+    request_resends: int = Field(default=3, ge=0)
+    # The controller sends again, looking this often, the request of an inbox file this old that no batch
+    # accounts for and no initiator took; 0 = never.
+    unbilled_resend_age: float = Field(default=1800.0, ge=0)
+
     # Listener (names follow the whitepaper; docs/configuration.md maps them to host.json).
     dequeue_batch_size: int = Field(default=32, ge=1, le=32)
     dequeue_tasks: int = Field(default=2, ge=1, le=256)

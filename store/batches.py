@@ -11,7 +11,7 @@ it is counted. ``complete`` and ``refused`` never change. A batch whose work ite
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
@@ -131,6 +131,8 @@ _LOCK_BATCHES = (
     .with_for_update()
 )
 _UPDATE_BATCH = sa.update(batches).where(batches.c.batch_id == sa.bindparam("row_batch_id"))
+#: Batch ids looked up per statement (SQLite binds at most 32,766 parameters).
+_IN_CHUNK = 1000
 
 
 def lock_batches(conn: sa.Connection, batch_ids: list[str], now: datetime) -> dict[str, dict[str, Any]]:
@@ -190,6 +192,21 @@ def update_batch(conn: sa.Connection, row: dict[str, Any], now: datetime) -> Non
     """Write a batch's row as it now is."""
     values = {k: v for k, v in row.items() if k != "batch_id"} | {"updated_at": now}
     conn.execute(_UPDATE_BATCH, {**values, "row_batch_id": row["batch_id"]})
+
+
+def accounted(engine: sa.Engine, batch_ids: Iterable[str]) -> set[str]:
+    """Those of ``batch_ids`` the store accounts for: their manifest is recorded (accepted or refused), so the
+    initiator took their request and finished with their file."""
+    ids = list(batch_ids)
+    query = sa.select(batches.c.batch_id).where(
+        batches.c.batch_id.in_(sa.bindparam("ids", expanding=True)),
+        sa.or_(batches.c.work_items.is_not(None), batches.c.refused_reason.is_not(None)),
+    )
+    found: set[str] = set()
+    with engine.connect() as conn:
+        for start in range(0, len(ids), _IN_CHUNK):
+            found.update(conn.scalars(query, {"ids": ids[start : start + _IN_CHUNK]}))
+    return found
 
 
 def status(row: sa.RowMapping) -> BatchStatus:

@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from billing.client import REQUESTED
 from billing.sample import generate
 from shared.messaging.envelope import BATCH_PREFIX, batch_blob
 from shared.messaging.storage import Storage
 from shared.settings import Settings
+from shared.submissions import REQUESTED, TAKEN
 from support.exact import billing, expected, read_raw, report, sorted_records
 from support.references import sample_flags
 from support.roles import Roles
@@ -155,7 +155,8 @@ def test_a_complete_batch_loses_its_claim_checks_after_the_retention(
         async with Storage(pipeline_env) as storage:
             return [b.name async for b in storage.container(pipeline_env.inbox_container).list_blobs()]
 
-    assert asyncio.run(inbox()) == [REQUESTED.format("swept"), "swept"], "the file and its request mark are kept"
+    kept = [REQUESTED.format("swept"), "swept", TAKEN.format("swept")]
+    assert asyncio.run(inbox()) == kept, "the file and its marks are kept"
     aggregates, invoices, _ = expected(read_raw(path))
     got = [{**record, "quantity": Decimal(record["quantity"])} for record in report("aggregates", "swept")]
     assert sorted_records(got) == aggregates

@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 
 from billing import client
-from billing.client import REQUESTED
 from billing.sample import sample_price_book_bytes, sample_tax_table_bytes
 from shared import inbox
 from shared.messaging.storage import Storage
 from shared.settings import Settings
+from shared.submissions import REQUESTED
 
 HEADER = "transaction_id,account_id,timestamp,product,quantity,region\n"
 GOOD_ROW = "t1,acct-1,2026-03-02T09:15:00+01:00,{product},1.5,\n"
