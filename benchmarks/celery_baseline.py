@@ -56,6 +56,7 @@ from .pipeline import _batch_file
 ROOT = Path(__file__).resolve().parent.parent
 KEYS = ["account_id", "product", "billing_day", "currency"]
 SUMS = ["transactions", "quantity", "net", "tax", "total"]
+TOTALS = ("transactions", "net", "tax", "total")  # per currency, in the report
 #: Seconds the worker gets to start consuming, and to finish its tasks when stopped, before it is killed.
 START_SECONDS, STOP_SECONDS = 60.0, 10.0
 #: One line per request in Azurite's debug log: the service middleware, the method and the URL.
@@ -253,11 +254,9 @@ class _Billed:
         }
 
     def totals(self) -> dict[str, dict[str, int]]:
-        by_currency = self.aggregates.group_by("currency").aggregate(
-            [(name, "sum") for name in ("transactions", "net", "tax", "total")]
-        )
+        by_currency = self.aggregates.group_by("currency").aggregate([(name, "sum") for name in TOTALS])
         return {
-            row["currency"]: {name: int(row[f"{name}_sum"]) for name in ("transactions", "net", "tax", "total")}
+            row["currency"]: {name: int(row[f"{name}_sum"]) for name in TOTALS}
             for row in sorted(by_currency.to_pylist(), key=lambda row: str(row["currency"]))
         }
 
@@ -290,8 +289,8 @@ class _Sums:
     def add(self, result: dict[str, Any]) -> None:
         self.partials.append(_partials(result["partials"]))
         held = result["held"]
-        self.held.append(_partials(held).append_column("row", pa.array(held["row"], pa.int64())))
-        self.held[-1] = self.held[-1].append_column("repeat_of", pa.array(held["repeat_of"], pa.int64()))
+        rows, repeat_of = (pa.array(held[name], pa.int64()) for name in ("row", "repeat_of"))
+        self.held.append(_partials(held).append_column("row", rows).append_column("repeat_of", repeat_of))
         self.rejected_rows.extend(result["rejects"][0])
 
     def billed(self, tasks: int, sent_seconds: float) -> _Billed:
