@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+from azure.core.exceptions import HttpResponseError
 from celery import Celery
 from celery.result import AsyncResult, ResultSet
 from rich.console import Console
@@ -61,6 +62,10 @@ TOTALS = ("transactions", "net", "tax", "total")  # per currency, in the report
 START_SECONDS, STOP_SECONDS = 60.0, 10.0
 #: One line per request in Azurite's debug log: the service middleware, the method and the URL.
 _REQUEST = r"(Queue|Blob)StorageContextMiddleware: RequestMethod=(\w+) RequestURL=(\S+)"
+
+
+class ChunkTooLarge(ValueError):
+    """A task's chunk does not fit a storage queue message."""
 
 
 @dataclass(frozen=True)
@@ -272,7 +277,14 @@ def _submit_and_wait(client: Celery, batch: Path, chunk_rows: int, *, timeout: f
             repeats = {int(at): int(repeat_of[at]) for at in np.flatnonzero(repeat_of)}
             fields = {name: chunk.column(name).to_pylist() for name in RAW_COLUMNS}
             message = celery_app.chunk_message(fields, int(rows[0]), repeats)
-            results.append(client.send_task(celery_app.TASK, args=[message]))
+            try:
+                results.append(client.send_task(celery_app.TASK, args=[message]))
+            except HttpResponseError as exc:
+                if exc.error_code != "RequestBodyTooLarge":
+                    raise
+                raise ChunkTooLarge(
+                    f"a task of {chunk_rows:,} rows does not fit a storage queue message (64 KiB): give fewer rows"
+                ) from None
     sent, sums = time.monotonic() - clock, _Sums()
     ResultSet(results, app=client).join(timeout=timeout, interval=0.1, callback=lambda _, value: sums.add(value))
     return sums.billed(len(results), sent)

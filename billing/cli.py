@@ -403,15 +403,19 @@ def bench_celery_command(
 ) -> None:
     """The batch done with Celery (kombu's Azure Storage Queues broker, prefork workers): submit → complete,
     CPU, requests; exit 1 unless it bills exactly as the reference model."""
-    report = _benchmark("celery_baseline").run(
-        rows=rows,
-        chunk_rows=chunk_rows or (2000,),
-        repeat=repeat,
-        data_dir=data_dir,
-        output=output,
-        console=console,
-        count_requests=count_requests,
-    )
+    bench = _benchmark("celery_baseline")
+    try:
+        report = bench.run(
+            rows=rows,
+            chunk_rows=chunk_rows or (2000,),
+            repeat=repeat,
+            data_dir=data_dir,
+            output=output,
+            console=console,
+            count_requests=count_requests,
+        )
+    except bench.ChunkTooLarge as exc:
+        raise click.BadParameter(str(exc), param_hint="--chunk-rows") from None
     if not report.exact:
         raise click.ClickException("the Celery baseline did not bill as the reference model: see the table above")
 

@@ -64,3 +64,14 @@ def test_celery_workers_are_stopped_when_the_run_fails(tmp_path: Path) -> None:
     with pytest.raises(CeleryTimeout):
         run_celery(batch, chunk_rows=500, data_dir=data, model=model, timeout=0.01)
     assert not celery_workers(data), "a Celery worker process was left behind"
+
+
+def test_a_chunk_too_large_for_a_message_is_one_clear_line(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    command = [sys.executable, "-m", "billing", "bench-celery", "--rows", "3000", "--chunk-rows", "3000"]
+    command += ["--repeat", "1", "--data-dir", str(data), "--output", str(tmp_path / "celery.json")]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 2
+    assert "3,000 rows does not fit a storage queue message" in done.stderr and "Traceback" not in done.stderr
+    assert not (tmp_path / "celery.json").exists()
+    assert not celery_workers(data), "a Celery worker process was left behind"
