@@ -280,7 +280,7 @@ def _submit_and_wait(client: Celery, batch: Path, chunk_rows: int, *, timeout: f
             try:
                 results.append(client.send_task(celery_app.TASK, args=[message]))
             except HttpResponseError as exc:
-                if exc.error_code != "RequestBodyTooLarge":
+                if getattr(exc, "error_code", None) != "RequestBodyTooLarge":  # set by the storage SDK
                     raise
                 raise ChunkTooLarge(
                     f"a task of {chunk_rows:,} rows does not fit a storage queue message (64 KiB): give fewer rows"
