@@ -409,6 +409,37 @@ def bench_recovery_command(rows: int, roles: tuple[str, ...], data_dir: Path, ou
     _benchmark("recovery").run(rows=rows, roles=roles or ROLES, data_dir=data_dir, output=output, console=console)
 
 
+@cli.command("bench-celery")
+@click.option("--rows", default=1_000_000, show_default=True, help="Rows of the messy batch file.")
+@click.option(
+    "--chunk-rows", type=click.IntRange(1), multiple=True, help="Rows per Celery task (repeatable) [default: 2000]."
+)
+@click.option("--repeat", type=click.IntRange(1), default=3, show_default=True, help="Runs of each chunk size.")
+@click.option("--count-requests", is_flag=True, help="One more run, untimed, counting requests in Azurite's log.")
+@click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path), default=Path(".billing/bench-data"))
+@click.option("--output", type=click.Path(dir_okay=False, path_type=Path), default=Path("bench-celery.json"))
+def bench_celery_command(
+    rows: int, chunk_rows: tuple[int, ...], repeat: int, count_requests: bool, data_dir: Path, output: Path
+) -> None:
+    """The batch done with Celery (kombu's Azure Storage Queues broker, prefork workers): submit → complete,
+    CPU, requests; exit 1 unless it bills exactly as the reference model."""
+    bench = _benchmark("celery_baseline")
+    try:
+        report = bench.run(
+            rows=rows,
+            chunk_rows=chunk_rows or (2000,),
+            repeat=repeat,
+            data_dir=data_dir,
+            output=output,
+            console=console,
+            count_requests=count_requests,
+        )
+    except bench.ChunkTooLarge as exc:
+        raise click.BadParameter(str(exc), param_hint="--chunk-rows") from None
+    if not report.exact:
+        raise click.ClickException("the Celery baseline did not bill as the reference model: see the table above")
+
+
 @cli.command("soak")
 @click.option("--minutes", type=click.FloatRange(min=0.5), default=60.0, show_default=True, help="Load and faults.")
 @click.option("--store", type=click.Choice(["sqlite", "postgresql"]), default="sqlite", show_default=True)
