@@ -201,7 +201,8 @@ MEASURES = ("transactions", "quantity", "net", "tax", "total")
 class Ledger:
     """Documents as a close must issue them, from the batches' raw rows, one row at a time: what the counted
     rows of a period add up to (complete batches, not voided), less what its documents already say, per
-    account, currency, product and batch; numbered on from 1 in (account, currency) order within a close."""
+    account, currency, product and batch; numbered on from 1 in (account, currency) order within a close. A
+    batch's counted rows of a period closed before it completed are late (``late``: batch -> period -> rows)."""
 
     prices: dict[str, Price]
     rates: dict[str, Decimal]
@@ -209,6 +210,8 @@ class Ledger:
     def __post_init__(self) -> None:
         self.rated: dict[str, list[tuple[Row, Rated]]] = {}
         self.voided: set[str] = set()
+        self.closed: set[str] = set()
+        self.late: dict[str, dict[str, int]] = {}
         self.documents: list[dict[str, object]] = []
         #: (period, account, currency, product, batch) -> measures documented so far
         self.documented: dict[tuple[str, ...], list[Decimal]] = {}
@@ -217,12 +220,18 @@ class Ledger:
         """A batch completed with these rows."""
         counted = [r for r in check_batch(rows, self.prices, self.rates) if isinstance(r, Row)]
         self.rated[batch_id] = [(row, rate_row(row, self.prices, self.rates)) for row in counted]
+        late: dict[str, int] = {}
+        for _, rated in self.rated[batch_id]:
+            if rated.billing_day[:7] in self.closed:
+                late[rated.billing_day[:7]] = late.get(rated.billing_day[:7], 0) + 1
+        self.late[batch_id] = late
 
     def void(self, batch_id: str) -> None:
         self.voided.add(batch_id)
 
     def close(self, period: str) -> list[dict[str, object]]:
         """The documents the close of ``period`` issues (JSON shape, without ``issued_at`` and the hashes)."""
+        self.closed.add(period)
         billed: dict[tuple[str, ...], list[Decimal]] = {}
         for batch_id, rated in self.rated.items():
             if batch_id in self.voided:

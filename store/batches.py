@@ -70,6 +70,8 @@ class BatchStatus:
     #: The batch's number in acceptance order (None until accepted; never for a refused batch).
     seq: int | None = None
     voided_at: datetime | None = None
+    #: Its counted rows of a period closed before it completed, per period (see :mod:`store.ledger`).
+    late: dict[str, int] = field(default_factory=dict, hash=False)
 
     @property
     def voided(self) -> bool:
@@ -192,7 +194,7 @@ def update_batch(conn: sa.Connection, row: dict[str, Any], now: datetime) -> Non
     conn.execute(_UPDATE_BATCH, {**values, "row_batch_id": row["batch_id"]})
 
 
-def status(row: sa.RowMapping) -> BatchStatus:
-    """A batch row as a :class:`BatchStatus`."""
-    values = {f.name: row[f.name] for f in dataclasses.fields(BatchStatus)}
-    return BatchStatus(**{**values, "state": BatchState(values["state"])})
+def status(row: sa.RowMapping, late: Mapping[str, int] | None = None) -> BatchStatus:
+    """A batch row as a :class:`BatchStatus`, with its late rows per period."""
+    values = {f.name: row[f.name] for f in dataclasses.fields(BatchStatus) if f.name != "late"}
+    return BatchStatus(**{**values, "state": BatchState(values["state"]), "late": dict(late or {})})

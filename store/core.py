@@ -49,7 +49,7 @@ from .items import (
     recorded_work_items,
     resolve_held,
 )
-from .ledger import number_batches
+from .ledger import late, number_batches, record_late
 from .schema import batches, work_items
 
 #: Sets a fold's sums on SQLite, binding the canonical decimal text Arrow wrote (no conversion per value).
@@ -157,6 +157,7 @@ class Store:
                 kept = [(b, resolve_held(conn, rows[b])) for b, s in settling.items() if s == BatchState.complete]
                 added = partials([(r.batch_id, r.partials) for r in counted] + kept)
                 merged = self._merge_aggregates(conn, added, rows, before)
+                record_late(conn, [b for b, s in settling.items() if s == BatchState.complete])
                 completed, failed = _write_batches(conn, rows, before, settling, now)
         except BaseException:
             self._folds.drop(incoming.batch_ids)  # rolled back, or committed maybe: read again
@@ -217,12 +218,13 @@ class Store:
         """One batch's status, or None if nothing is known about it yet."""
         with self._engine.connect() as conn:
             row = conn.execute(sa.select(batches).where(batches.c.batch_id == batch_id)).mappings().first()
-        return None if row is None else status(row)
+            return None if row is None else status(row, late(conn, [batch_id]).get(batch_id))
 
     def batches(self) -> list[BatchStatus]:
         """Every batch, oldest accepted first (batches still waiting for their manifest last)."""
         with self._engine.connect() as conn:
-            found = [status(row) for row in conn.execute(sa.select(batches)).mappings()]
+            rows, of_batches = conn.execute(sa.select(batches)).mappings().all(), late(conn)
+        found = [status(row, of_batches.get(row["batch_id"])) for row in rows]
         return sorted(found, key=lambda s: (s.accepted_at is None, s.accepted_at or s.updated_at, s.batch_id))
 
     def claims_to_delete(self, settled_before: datetime) -> list[str]:

@@ -193,6 +193,23 @@ counters = sa.Table(
     sa.Column("value", sa.BigInteger, nullable=False),
 )
 
+#: Periods closed (store.documents): a period is closed from its first close on, whatever that close issued.
+closed_periods = sa.Table(
+    "closed_periods",
+    metadata,
+    sa.Column("period", sa.String(7), primary_key=True),
+    sa.Column("closed_at", UTCDateTime(), nullable=False),
+)
+
+#: A batch's late rows (store.ledger): its counted rows of a period that had been closed before it completed.
+late_rows = sa.Table(
+    "late_rows",
+    metadata,
+    sa.Column("batch_id", sa.String(255), primary_key=True),
+    sa.Column("period", sa.String(7), primary_key=True),
+    sa.Column("rows", sa.BigInteger, nullable=False),
+)
+
 #: Every work item ever recorded (the idempotency key); ``poison_reason`` set when it was poisoned instead.
 work_items = sa.Table(
     "work_items",
