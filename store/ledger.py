@@ -5,8 +5,8 @@
   manifests are recorded (within one transaction by acceptance time, then id); a refused batch gets none.
   The counter's row is updated before it is read, so concurrent transactions take numbers one after the
   other (PostgreSQL's row lock; SQLite's ``BEGIN IMMEDIATE``) and a rolled back one gives its numbers back.
-- **Voiding** (:func:`void`): a ``complete`` batch is marked voided. Its aggregates stay stored, but it
-  counts nowhere any more (:mod:`store.queries` leaves it out of every report, query and invoice). An unknown,
+- **Voiding** (:func:`void`): a ``complete`` batch is marked voided and its transaction ids are released for
+  later batches (:mod:`store.ids`). Its aggregates stay stored, but it counts nowhere any more (:mod:`store.queries` leaves it out of every report, query and invoice). An unknown,
   incomplete or already voided batch is refused with :class:`LedgerError` and nothing changes.
 """
 
@@ -22,7 +22,7 @@ from shared.errors import InputError
 
 from .batches import BatchState, BatchStatus, status
 from .engine import writing
-from .schema import batches, counters
+from .schema import batches, counters, ledger_ids
 
 #: The counter of batch sequence numbers.
 BATCH_SEQ = "batch_seq"
@@ -74,5 +74,6 @@ def void(engine: sa.Engine, batch_id: str, *, now: datetime | None = None) -> Ba
         if row["state"] != BatchState.complete:
             raise LedgerError(f"batch {batch_id} is {row['state']}, not complete: only a complete batch can be voided")
         conn.execute(sa.update(batches).where(batches.c.batch_id == batch_id).values(voided_at=now))
+        conn.execute(sa.delete(ledger_ids).where(ledger_ids.c.batch_seq == row["seq"]))  # released (store.ids)
         row = conn.execute(sa.select(batches).where(batches.c.batch_id == batch_id)).mappings().one()
     return status(row)
