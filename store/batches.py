@@ -157,6 +157,8 @@ def fill_from_manifest(row: dict[str, Any], manifest: Manifest) -> None:
         first_item_sent_at=manifest.first_item_sent_at,
         last_item_sent_at=manifest.last_item_sent_at,
         debatched_at=manifest.debatched_at,
+        filter_serial=manifest.filter_serial,
+        id_serial=manifest.id_serial,
     )
 
 

@@ -5,8 +5,8 @@
   manifests are recorded (within one transaction by acceptance time, then id); a refused batch gets none.
   The counter's row is updated before it is read, so concurrent transactions take numbers one after the
   other (PostgreSQL's row lock; SQLite's ``BEGIN IMMEDIATE``) and a rolled back one gives its numbers back.
-- **Voiding** (:func:`void`): a ``complete`` batch is marked voided. Its aggregates stay stored, but it
-  counts nowhere any more (:mod:`store.queries` leaves it out of every report, query and invoice). An unknown,
+- **Voiding** (:func:`void`): a ``complete`` batch is marked voided and its transaction ids are released for
+  later batches (:mod:`store.ids`). Its aggregates stay stored, but it counts nowhere any more (:mod:`store.queries` leaves it out of every report, query and invoice). An unknown,
   incomplete or already voided batch is refused with :class:`LedgerError` and nothing changes.
 - **Late rows** (:func:`record_late`): a counted row is late when its period had been closed (table
   ``closed_periods``, :func:`mark_closed`) before its batch completed; they are counted per batch and period
@@ -29,7 +29,7 @@ from shared.errors import InputError
 
 from .batches import BatchState, BatchStatus, status
 from .engine import writing
-from .schema import aggregates, batches, closed_periods, counters, late_rows
+from .schema import aggregates, batches, closed_periods, counters, late_rows, ledger_ids
 
 #: The counter of batch sequence numbers.
 BATCH_SEQ = "batch_seq"
@@ -83,6 +83,7 @@ def void(engine: sa.Engine, batch_id: str, *, now: datetime | None = None) -> Ba
         if row["state"] != BatchState.complete:
             raise LedgerError(f"batch {batch_id} is {row['state']}, not complete: only a complete batch can be voided")
         conn.execute(sa.update(batches).where(batches.c.batch_id == batch_id).values(voided_at=now))
+        conn.execute(sa.delete(ledger_ids).where(ledger_ids.c.batch_seq == row["seq"]))  # released (store.ids)
         row = conn.execute(sa.select(batches).where(batches.c.batch_id == batch_id)).mappings().one()
         return status(row, late(conn, [batch_id]).get(batch_id))
 

@@ -134,6 +134,10 @@ batches = sa.Table(
     # never for a refused batch), and when it was voided (then it counts nowhere; its aggregates stay).
     sa.Column("seq", sa.BigInteger, nullable=True),
     sa.Column("voided_at", UTCDateTime(), nullable=True),
+    # The ledger's id filter when the batch was debatched (store.ids): the merges it held, and the one that
+    # added the batch's ids (None for batches from before the ledger kept ids).
+    sa.Column("filter_serial", sa.BigInteger, nullable=True),
+    sa.Column("id_serial", sa.BigInteger, nullable=True),
 )
 
 
@@ -258,6 +262,21 @@ held = sa.Table(
     *_sums(),
 )
 
+#: The ledger's transaction ids (store.ids): each accepted batch's ids, one row per id's first occurrence,
+#: from its manifest; at its completion those it did not count are deleted, when voided all of them. The key
+#: starts with the segment, so that a batch's ids go into the current segment only; ``id_hash`` (the id's
+#: signed 64-bit hash) finds an id's rows in every segment, ``transaction_id`` tells two ids of one hash apart.
+ledger_ids = sa.Table(
+    "ledger_ids",
+    metadata,
+    sa.Column("segment", sa.BigInteger, primary_key=True, autoincrement=False),
+    sa.Column("id_hash", sa.BigInteger, primary_key=True, autoincrement=False),
+    sa.Column("batch_seq", sa.BigInteger, primary_key=True, autoincrement=False),
+    sa.Column("row", sa.BigInteger, primary_key=True, autoincrement=False),
+    sa.Column("transaction_id", sa.String(64), nullable=False),
+    sqlite_with_rowid=False,
+)
+
 # The cross-batch report filters (store.queries; migration 0005).
 sa.Index("ix_aggregates_account_day", aggregates.c.account_id, aggregates.c.billing_day)
 sa.Index("ix_aggregates_product_day", aggregates.c.product, aggregates.c.billing_day)
@@ -265,6 +284,8 @@ sa.Index("ix_aggregates_day", aggregates.c.billing_day)
 sa.Index("ix_batches_state", batches.c.state)
 # No two batches share a sequence number (migration 0008).
 sa.Index("ux_batches_seq", batches.c.seq, unique=True)
+# A batch's ids by row (migration 0010).
+sa.Index("ix_ledger_ids_batch", ledger_ids.c.batch_seq, ledger_ids.c.row)
 # Documents of a period, of an account (migration 0009).
 sa.Index("ix_documents_period_account", documents.c.period, documents.c.account_id, documents.c.currency)
 sa.Index("ix_documents_account", documents.c.account_id)

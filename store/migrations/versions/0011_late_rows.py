@@ -4,7 +4,7 @@ A store with documents takes each documented period as closed since its first do
 before this revision have no late rows recorded: when they completed was not compared with closes then.
 
 Revision ID: 0011
-Revises: 0009
+Revises: 0010
 Create Date: 2026-11-25
 """
 
@@ -18,7 +18,7 @@ from alembic import op
 from store.schema import UTCDateTime
 
 revision: str = "0011"
-down_revision: str | None = "0009"
+down_revision: str | None = "0010"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
