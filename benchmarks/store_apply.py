@@ -32,11 +32,8 @@ from store import BatchState, Store
 BATCH = "bench"
 
 
-def rated(
-    source: Path, price_book: bytes, tax_table: bytes, *, work_item_size: int, batch_id: str = BATCH
-) -> list[list[WorkItemResult]]:
-    """The results messages of ``source`` (CSV) as the controller reads them, one per work item, of the batch
-    ``batch_id``."""
+def rated(source: Path, price_book: bytes, tax_table: bytes, *, work_item_size: int) -> list[list[WorkItemResult]]:
+    """The results messages of ``source`` (CSV) as the controller reads them, one per work item."""
     book, taxes = load_price_book(price_book), load_tax_table(tax_table)
     references = {book.content_hash: price_book, taxes.content_hash: tax_table}
     debatch = Debatch(work_item_size=work_item_size)
@@ -44,10 +41,8 @@ def rated(
     with source.open("rb") as stream:
         blob, frames = inbox.in_memory(stream, inbox.frame_bytes(source.stat().st_size))
     with io.BytesIO(blob) as stream:
-        for index, cut in enumerate(debatch.parts(batch_id, "csv", frames, stream)):
-            header = WorkHeader(
-                f"{batch_id}-{index}", batch_id, book.content_hash, taxes.content_hash, cut.rows, cut.part
-            )
+        for index, cut in enumerate(debatch.parts(BATCH, "csv", frames, stream)):
+            header = WorkHeader(f"{BATCH}-{index}", BATCH, book.content_hash, taxes.content_hash, cut.rows, cut.part)
             text = blob[cut.part.start : cut.part.end] if cut.part else b""
             envelope, poisoned = rate_work_items([(header, cut.payload, text)], references, [{}])
             if envelope is None or poisoned:

@@ -2,8 +2,10 @@
 reference model (hypothesis's ``RuleBasedStateMachine``).
 
 Batches are small CSV files whose rows share transaction ids and fall in two periods (one by a time zone
-offset); each is cut and rated the roles' way (:func:`benchmarks.store_apply.rated`) and recorded through the
-real store, its manifest and its result in any order, so a batch may still be running during a close. After
+offset); each is cut, marked with the ledger's id filter and rated the roles' way (:class:`benchmarks.ledger.
+InProcess`) and recorded through the real store, its manifest and its result in any order, so a batch may still
+be running during a close, or wait for an earlier batch that shares its ids. The model is told of each batch
+that completes, in sequence order. After
 every step: issued documents unchanged, numbers gap-free, every batch's late rows as the model's, every period's
 counted rows in the live totals at once; after every close: its documents as the model's, and for every
 account, currency and product the sum of the period's documents' lines equal to a fresh computation."""
@@ -11,12 +13,10 @@ account, currency and product the sum of the period's documents' lines equal to 
 from __future__ import annotations
 
 import csv
-import shutil
-import tempfile
+import io
 from collections import defaultdict
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from decimal import Decimal
-from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule, run_state_machine_as_test
 
 from benchmarks import reference_model as model
-from benchmarks.store_apply import rated
+from benchmarks.ledger import InProcess
 from billing.sample import sample_price_book_bytes, sample_tax_table_bytes
 from shared.protocol import Manifest, WorkItemResult
 from store import BatchState, Store, queries, schema
@@ -33,13 +33,11 @@ from store.documents import Document, close, documents
 from store.engine import writing
 from store.ledger import LedgerError, void
 from store.queries import Filters
-from support.records import manifest
 
-PRICE_BOOK, TAX_TABLE = sample_price_book_bytes(), sample_tax_table_bytes()
-PRICES, RATES = model.read_prices(PRICE_BOOK.decode()), model.read_rates(TAX_TABLE.decode())
+PRICES = model.read_prices(sample_price_book_bytes().decode())
+RATES = model.read_rates(sample_tax_table_bytes().decode())
 PERIODS = ("2026-02", "2026-03")
 NOW = datetime(2026, 4, 10, 9, 0, tzinfo=UTC)
-T0 = datetime(2026, 4, 1, tzinfo=UTC)
 FIELDS = ("transaction_id", "account_id", "timestamp", "product", "quantity", "region")
 
 ROW = st.fixed_dictionaries(
@@ -67,7 +65,7 @@ class LedgerMachine(RuleBasedStateMachine):
         with writing(self.store.engine) as conn:
             for table in reversed(schema.metadata.sorted_tables):
                 conn.execute(table.delete())
-        self.folder = Path(tempfile.mkdtemp(prefix="ledger-machine-"))
+        self.roles = InProcess(bits=1 << 12)
         self.ledger = model.Ledger(PRICES, RATES)
         self.files: dict[str, list[dict[str, str | None]]] = {}
         self.results: dict[str, list[WorkItemResult]] = {}
@@ -76,25 +74,18 @@ class LedgerMachine(RuleBasedStateMachine):
 
     def teardown(self) -> None:
         self.store.close()
-        shutil.rmtree(self.folder)
 
     @rule(rows=st.lists(ROW, min_size=1, max_size=5), how=st.sampled_from(["whole", "manifest", "result"]))
     def submit(self, rows: list[dict[str, str | None]], how: str) -> None:
         """A new batch, recorded whole, or only its manifest, or only its result (the rest by ``finish``)."""
         batch_id = f"b{len(self.files) + 1}"
-        path = self.folder / f"{batch_id}.csv"
-        with path.open("w", newline="") as file:
-            writer = csv.DictWriter(file, FIELDS)
-            writer.writeheader()
-            writer.writerows(rows)
-        messages = rated(path, PRICE_BOOK, TAX_TABLE, work_item_size=2, batch_id=batch_id)
-        self.results[batch_id] = results = [result for message in messages for result in message]
-        self.files[batch_id] = rows
-        accepted_at = T0 + timedelta(seconds=len(self.files))
-        self.unapplied[batch_id] = [
-            manifest(batch_id, work_items=len(results), rows=len(rows), accepted_at=accepted_at)
-        ]
-        self.unapplied[batch_id] += results
+        text = io.StringIO()
+        writer = csv.DictWriter(text, FIELDS)
+        writer.writeheader()
+        writer.writerows(rows)
+        cut = self.roles.cut(batch_id, text.getvalue().encode())
+        self.files[batch_id], self.results[batch_id] = rows, cut.results
+        self.unapplied[batch_id] = [cut.manifest, *cut.results]
         self._record(batch_id, {"whole": None, "manifest": 1, "result": -1}[how])
 
     @precondition(lambda self: self.unapplied)
@@ -163,8 +154,10 @@ class LedgerMachine(RuleBasedStateMachine):
             self.unapplied[batch_id] = later
         else:
             del self.unapplied[batch_id]
-        assert outcome.completed_batches == ([] if later else [batch_id])
-        for completed in outcome.completed_batches:
+        if later:
+            assert batch_id not in outcome.completed_batches
+        seqs = {status.batch_id: status.seq or 0 for status in self.store.batches()}
+        for completed in sorted(outcome.completed_batches, key=seqs.__getitem__):
             self.ledger.batch(completed, self.files[completed])
             event("batch completed", "with late rows" if self.ledger.late[completed] else "none late")
 
