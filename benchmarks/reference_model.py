@@ -204,7 +204,8 @@ MEASURES = ("transactions", "quantity", "net", "tax", "total")
 @dataclass
 class Ledger:
     """Documents as a close must issue them, from the batches' raw rows, one row at a time (each transaction id
-    counted once across the batches, in the order they are given): what the counted rows of a period add up to (complete batches, not voided), less what its documents already say, per
+    counted once across the batches, in the order they are given): what the counted rows of a period add up to
+    (complete batches, not voided), less what its documents already say, per
     account, currency, product and batch; numbered on from 1 in (account, currency) order within a close."""
 
     prices: dict[str, Price]

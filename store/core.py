@@ -38,6 +38,7 @@ from .batches import (
 from .cache import FoldCache, Written, stamp
 from .engine import open_engine, writing
 from .fold import AGGREGATE_KEY, AGGREGATE_VALUES, SUMMED, fold, partials, sql_values
+from .ids import Verdict, decide, forget_uncounted, record_ids, release, waiting_batches
 from .items import (
     CHUNK,
     chunks,
@@ -50,7 +51,6 @@ from .items import (
     recorded_work_items,
     resolve_held,
 )
-from .ids import Verdict, decide, forget_uncounted, record_ids, release, waiting_batches
 from .ledger import number_batches
 from .schema import batches, work_items
 
