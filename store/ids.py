@@ -1,5 +1,5 @@
 """The ledger's transaction ids: an id counted in a batch of lower sequence number, not voided, is a
-``duplicate_transaction_id`` in a later one (BILLING_SPEC Part 2; ``docs/architecture.md``, "Transaction ids
+``duplicate_transaction_id`` in a later one (``docs/billing-rules.md``; ``docs/architecture.md``, "Transaction ids
 across batches").
 
 - **Where they live.** ``ledger_ids`` keeps, per accepted batch, each id's first occurrence: recorded with the
