@@ -143,7 +143,7 @@ class Store:
         The partials of all new work items are added up in Arrow and written with one upsert statement.
         """
         incoming = _Incoming.of(manifests, results, poisoned)
-        if not incoming.batch_ids:
+        if not incoming.batch_ids and not self.waiting():
             return ApplyOutcome(new_items=0, duplicate_items=0)
         now = datetime.now(UTC)
         try:
@@ -207,6 +207,12 @@ class Store:
         for chunk in chunks(values, CHUNK):  # a few rows at a time: no pile of young tuples
             conn.exec_driver_sql(_SQLITE_UPSERT, chunk)
         return merged
+
+    def waiting(self) -> list[str]:
+        """Batches whose work items are all recorded, waiting for an earlier batch they share ids with (an
+        ``apply``, even of nothing, decides those it can)."""
+        with self._engine.connect() as conn:
+            return waiting_batches(conn)
 
     def mark_claims_deleted(self, batch_id: str) -> None:
         """Record that ``batch_id``'s claim-check blobs are gone."""
