@@ -393,7 +393,7 @@ def bench_recovery_command(rows: int, roles: tuple[str, ...], data_dir: Path, ou
 @click.option("--store", type=click.Choice(["sqlite", "postgresql"]), default="sqlite", show_default=True)
 @click.option("--rows", default=1_000_000, show_default=True, help="Transactions in the batch.")
 @click.option("--ledger-ids", default=50_000_000, show_default=True, help="Ids in the large ledger.")
-@click.option("--filter-bits", default=1 << 29, show_default=True, help="The id filter's size (a power of two).")
+@click.option("--filter-bits", default=1 << 30, show_default=True, help="The id filter's size (a power of two).")
 @click.option("--output", type=click.Path(dir_okay=False, path_type=Path), default=Path("bench-ledger.json"))
 def bench_ledger_command(store: str, rows: int, ledger_ids: int, filter_bits: int, output: Path) -> None:
     """Time a batch on an empty ledger and on one of --ledger-ids ids, side by side (JSON)."""

@@ -38,6 +38,7 @@ from .batches import (
 from .cache import FoldCache, Written, stamp
 from .engine import open_engine, writing
 from .fold import AGGREGATE_KEY, AGGREGATE_VALUES, SUMMED, fold, partials, sql_values
+from .ids import Verdict, decide, forget_uncounted, record_ids, release, waiting_batches
 from .items import (
     CHUNK,
     chunks,
@@ -50,7 +51,6 @@ from .items import (
     recorded_work_items,
     resolve_held,
 )
-from .ids import Verdict, decide, forget_uncounted, record_ids, release, waiting_batches
 from .ledger import late, number_batches, record_late
 from .schema import batches, work_items
 
@@ -143,7 +143,7 @@ class Store:
         The partials of all new work items are added up in Arrow and written with one upsert statement.
         """
         incoming = _Incoming.of(manifests, results, poisoned)
-        if not incoming.batch_ids:
+        if not incoming.batch_ids and not self.waiting():
             return ApplyOutcome(new_items=0, duplicate_items=0)
         now = datetime.now(UTC)
         try:
@@ -208,6 +208,12 @@ class Store:
         for chunk in chunks(values, CHUNK):  # a few rows at a time: no pile of young tuples
             conn.exec_driver_sql(_SQLITE_UPSERT, chunk)
         return merged
+
+    def waiting(self) -> list[str]:
+        """Batches whose work items are all recorded, waiting for an earlier batch they share ids with (an
+        ``apply``, even of nothing, decides those it can)."""
+        with self._engine.connect() as conn:
+            return waiting_batches(conn)
 
     def mark_claims_deleted(self, batch_id: str) -> None:
         """Record that ``batch_id``'s claim-check blobs are gone."""

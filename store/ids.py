@@ -1,5 +1,5 @@
 """The ledger's transaction ids: an id counted in a batch of lower sequence number, not voided, is a
-``duplicate_transaction_id`` in a later one (BILLING_SPEC Part 2; ``docs/architecture.md``, "Transaction ids
+``duplicate_transaction_id`` in a later one (``docs/billing-rules.md``; ``docs/architecture.md``, "Transaction ids
 across batches").
 
 - **Where they live.** ``ledger_ids`` keeps, per accepted batch, each id's first occurrence: recorded with the
@@ -33,7 +33,7 @@ from .ledger import take_numbers
 from .schema import batches, counters, ledger_ids, rejects
 
 #: Ids a segment takes before the next one starts.
-SEGMENT_ROWS = 1 << 22
+SEGMENT_ROWS = 1 << 20
 #: The counter of ids recorded (what fills the segments).
 IDS = "ledger_ids"
 _INSERT_ROWS = 100_000
@@ -106,9 +106,7 @@ def waiting_batches(conn: sa.Connection) -> list[str]:
     return list(conn.scalars(query))
 
 
-def decide(
-    conn: sa.Connection, row: Mapping[str, Any], firsts: Sequence[int], settled: Mapping[int, str]
-) -> Verdict:
+def decide(conn: sa.Connection, row: Mapping[str, Any], firsts: Sequence[int], settled: Mapping[int, str]) -> Verdict:
     """The ledger's verdict on batch ``row`` (its ``seq`` set), whose held rows repeat the first occurrences
     ``firsts``; ``settled`` maps the seq of batches settled earlier in this transaction to their new state."""
     seq = row["seq"]
@@ -176,7 +174,9 @@ def _own_ids(conn: sa.Connection, seq: int, firsts: Sequence[int]) -> dict[int, 
     )
     found = {}
     for chunk in chunks(sorted(firsts), CHUNK):
-        found.update({r.row: (r.id_hash, r.transaction_id) for r in conn.execute(query.where(ledger_ids.c.row.in_(chunk)))})
+        found.update(
+            {r.row: (r.id_hash, r.transaction_id) for r in conn.execute(query.where(ledger_ids.c.row.in_(chunk)))}
+        )
     return found
 
 

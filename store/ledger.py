@@ -2,11 +2,13 @@
 
 - **Sequence numbers.** A batch is numbered when the controller records its manifest, in the same
   transaction, from the gap-free counter ``batch_seq`` (table ``counters``): 1, 2, 3, … in the order the
-  manifests are recorded (within one transaction by acceptance time, then id); a refused batch gets none.
+  manifests are recorded (within one transaction in the order their ids went into the id filter, then by
+  acceptance time, then id); a refused batch gets none.
   The counter's row is updated before it is read, so concurrent transactions take numbers one after the
   other (PostgreSQL's row lock; SQLite's ``BEGIN IMMEDIATE``) and a rolled back one gives its numbers back.
 - **Voiding** (:func:`void`): a ``complete`` batch is marked voided and its transaction ids are released for
-  later batches (:mod:`store.ids`). Its aggregates stay stored, but it counts nowhere any more (:mod:`store.queries` leaves it out of every report, query and invoice). An unknown,
+  later batches (:mod:`store.ids`). Its aggregates stay stored, but it counts nowhere any more
+  (:mod:`store.queries` leaves it out of every report, query and invoice). An unknown,
   incomplete or already voided batch is refused with :class:`LedgerError` and nothing changes.
 - **Late rows** (:func:`record_late`): a counted row is late when its period had been closed (table
   ``closed_periods``, :func:`mark_closed`) before its batch completed; they are counted per batch and period
@@ -59,8 +61,18 @@ def take_numbers(conn: sa.Connection, counter: str, count: int) -> int:
 
 def number_batches(conn: sa.Connection, rows: Iterable[dict[str, Any]]) -> None:
     """Give each batch row (just accepted: its manifest recorded, not refused) the next sequence numbers, in
-    acceptance order (then by id)."""
-    accepted = sorted(rows, key=lambda row: (row["accepted_at"] is None, row["accepted_at"] or 0, row["batch_id"]))
+    the order the initiators merged their ids into the id filter (:mod:`store.ids`), then in acceptance order
+    (then by id)."""
+    accepted = sorted(
+        rows,
+        key=lambda row: (
+            row.get("id_serial") is None,
+            row.get("id_serial") or 0,
+            row["accepted_at"] is None,
+            row["accepted_at"] or 0,
+            row["batch_id"],
+        ),
+    )
     if not accepted:
         return
     first = take_numbers(conn, BATCH_SEQ, len(accepted))

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from decimal import Decimal
 
 import numpy as np
+import pyarrow as pa
 import pytest
 import sqlalchemy as sa
 
@@ -22,8 +23,6 @@ from store.ids import id_hashes
 from store.ledger import void
 from store.schema import ledger_ids
 
-import pyarrow as pa
-
 HEADER = ("transaction_id", "account_id", "timestamp", "product", "quantity", "region")
 
 
@@ -35,7 +34,12 @@ def store(sql_url: str) -> Iterator[Store]:
 
 def _rows(ids: list[str], *, account: str = "acct-1", quantity: str = "2") -> list[dict[str, str | None]]:
     return [
-        {"transaction_id": i, "account_id": account, "timestamp": "2026-03-02T09:15:00Z", "product": "compute.vcpu-hour"}
+        {
+            "transaction_id": i,
+            "account_id": account,
+            "timestamp": "2026-03-02T09:15:00Z",
+            "product": "compute.vcpu-hour",
+        }
         | {"quantity": quantity, "region": ""}
         for i in ids
     ]

@@ -86,7 +86,7 @@ def test_a_re_export_is_rejected_as_duplicates_and_a_void_releases_its_ids(
     billing("submit", str(third["third"]), "--batch-id", "third")
     _run_roles(roles)
     _check_in_seq_order(ledger, third)
-    assert 300 <= _status("third")["accepted"]  # type: ignore[operator]
+    assert _status("third")["accepted"] >= 300  # type: ignore[operator]
 
 
 def test_batches_side_by_side_and_roles_killed_mid_way_stay_exact(
