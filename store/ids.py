@@ -30,7 +30,7 @@ from shared.rules.duplicates import FirstOccurrences
 from .batches import BatchState
 from .items import CHUNK, chunks
 from .ledger import take_numbers
-from .schema import batches, counters, ledger_ids, rejects
+from .schema import batches, counters, held, ledger_ids, rejects
 
 #: Ids a segment takes before the next one starts.
 SEGMENT_ROWS = 1 << 20
@@ -120,7 +120,9 @@ def decide(conn: sa.Connection, row: Mapping[str, Any], firsts: Sequence[int], s
     if running:
         return Verdict(wait_for=min(running, key=lambda hit: hit.batch_seq).batch_id)
     for other in unfiltered:
-        shared = set(_shared_rows(conn, seq, other.batch_seq)) - set(firsts) if state(other) == "complete" else ()
+        shared = (
+            set(_shared_rows(conn, seq, other.batch_seq)) - _marked(conn, row) if state(other) == "complete" else ()
+        )
         if shared:
             return Verdict(
                 refused=f"shares {len(shared)} transaction ids with batch {other.batch_id}, debatched at the same "
@@ -165,6 +167,13 @@ def _unfiltered(conn: sa.Connection, row: Mapping[str, Any]) -> list[_Hit]:
     if row["filter_serial"] is not None:
         query = query.where(batches.c.id_serial > row["filter_serial"])
     return [_Hit(r.batch_id, r.seq, r.state) for r in conn.execute(query)]
+
+
+def _marked(conn: sa.Connection, row: Mapping[str, Any]) -> set[int]:
+    """The rows of ``row``'s batch the filter marked (held as repeats of themselves): checked here, exactly. A
+    first occurrence that only a later row of its batch repeats was counted unchecked."""
+    query = sa.select(held.c.row).where(held.c.batch_id == row["batch_id"], held.c.row == held.c.repeat_of)
+    return set(conn.scalars(query))
 
 
 def _own_ids(conn: sa.Connection, seq: int, firsts: Sequence[int]) -> dict[int, tuple[int, str]]:
