@@ -115,7 +115,9 @@ def submit_and_close(files: dict[str, Path], ledger: model.Ledger) -> list[dict[
     """Batches ``one`` and ``two`` completed, both periods closed: the documents, as the model's."""
     for batch_id in ("one", "two"):
         billing("submit", str(files[batch_id]), "--batch-id", batch_id, "--wait", "--timeout", "120")
-        ledger.batch(batch_id, read_raw(files[batch_id]))
+        fates = ledger.batch(batch_id, read_raw(files[batch_id]))
+        assert status(batch_id)["rejected"] == sum(isinstance(fate, str) for fate in fates)
+    assert status("two")["rejected"] > 25, "the ids two shares with one are duplicates"
     for period in PERIODS:
         billing("close", "--period", period)
         ledger.close(period)
