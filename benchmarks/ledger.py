@@ -11,6 +11,7 @@ against the ledger). Each part's wall time and peak RSS are reported, and the ba
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import multiprocessing
@@ -185,14 +186,15 @@ def _loaded_batch(batch_id: str, seq: int, rows: int, now: datetime) -> dict[str
 @contextmanager
 def _database(kind: str, folder: Path) -> Iterator[str]:
     """A fresh, migrated database of ``kind`` under ``folder``: its URL."""
-    server = PostgresServer(data_dir=folder / "pg") if kind == "postgresql" else None
-    url = server.start() if server else f"sqlite:///{folder}/billing.db"
-    try:
+    with contextlib.ExitStack() as stack:
+        url = f"sqlite:///{folder}/billing.db"
+        if kind == "postgresql":  # a folder of its own under /tmp: as root the server runs as `postgres`
+            data = stack.enter_context(tempfile.TemporaryDirectory(prefix="billing-bench-ledger-pg-"))
+            server = PostgresServer(data_dir=Path(data))
+            url = server.start()
+            stack.callback(server.stop)
         Store(url).close()
         yield url
-    finally:
-        if server:
-            server.stop()
 
 
 def _in_child(target: Callable[..., T], *args: object) -> tuple[T, float]:
