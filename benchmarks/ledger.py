@@ -198,8 +198,8 @@ def _database(kind: str, folder: Path) -> Iterator[str]:
 
 
 def _in_child(target: Callable[..., T], *args: object) -> tuple[T, float]:
-    """``target(*args)`` in a process of its own (forked): its result and that process's peak RSS in MiB."""
-    context = multiprocessing.get_context("fork")
+    """``target(*args)`` in a fresh process of its own: its result and that process's peak RSS in MiB."""
+    context = multiprocessing.get_context("spawn")
     answers: multiprocessing.queues.Queue[tuple[str, Any]] = context.Queue()
     child = context.Process(target=_child, args=(answers, target, args))
     child.start()
@@ -240,11 +240,11 @@ def _shared(bits: int, state: Path) -> InProcess:
     return shared
 
 
-def _initiator(data: bytes, bits: int, state: Path, cut_file: Path) -> float:
+def _initiator(source: Path, bits: int, state: Path, cut_file: Path) -> float:
     """The initiator's part (the filter read, the cut and marking, the merge); wall seconds."""
     started = time.perf_counter()
     shared = _shared(bits, state)
-    work, manifest = shared.cut_only("bench", data)
+    work, manifest = shared.cut_only("bench", source.read_bytes())
     cut_file.write_bytes(pickle.dumps((work, manifest)))
     return time.perf_counter() - started
 
@@ -267,7 +267,7 @@ def _controller(url: str, results_file: Path) -> tuple[float, dict[str, Any]]:
     return seconds, {} if status is None else status.to_json_dict()
 
 
-def _one(kind: str, data: bytes, ledger_ids: int, bits: int, scratch: Path, console: Console) -> dict[str, Any]:
+def _one(kind: str, source: Path, ledger_ids: int, bits: int, scratch: Path, console: Console) -> dict[str, Any]:
     """The batch on a ledger of ``ledger_ids`` ids, each role's part in a process of its own: its seconds and
     peak RSS, and what loading the ledger took."""
     state, cut_file, results_file = scratch / "filter.pickle", scratch / "cut.pickle", scratch / "results.pickle"
@@ -277,7 +277,7 @@ def _one(kind: str, data: bytes, ledger_ids: int, bits: int, scratch: Path, cons
             with console.status(f"{kind}: loading {ledger_ids:,} ids"):
                 figures["load"], figures["load_rss_mib"] = _in_child(_load, url, ledger_ids, bits, state)
         with console.status(f"{kind}: the batch on {ledger_ids:,} ids"):
-            figures["initiator"], figures["initiator_rss_mib"] = _in_child(_initiator, data, bits, state, cut_file)
+            figures["initiator"], figures["initiator_rss_mib"] = _in_child(_initiator, source, bits, state, cut_file)
             figures["processors"], figures["processors_rss_mib"] = _in_child(_processor, bits, cut_file, results_file)
             (figures["controller"], status), figures["controller_rss_mib"] = _in_child(_controller, url, results_file)
     if status.get("state") != BatchState.complete or status["accepted"] + status["rejected"] != status["rows"]:
@@ -292,12 +292,11 @@ def run(*, store: str, rows: int, ledger_ids: int, bits: int, output: Path, cons
     with tempfile.TemporaryDirectory(prefix="billing-bench-ledger-") as folder:
         source = Path(folder) / "batch.csv"
         generate(rows, source, seed=7)
-        data = source.read_bytes()
         runs = {}
         for size in (0, ledger_ids):
             scratch = Path(folder) / f"ledger-{size}"
             scratch.mkdir()
-            runs[size] = _one(store, data, size, bits, scratch, console)
+            runs[size] = _one(store, source, size, bits, scratch, console)
     ratio = runs[ledger_ids]["batch"] / runs[0]["batch"]
     report = {"store": store, "rows": rows, "ledger_ids": ledger_ids, "filter_bits": bits, "runs": runs}
     report["ratio"] = round(ratio, 3)

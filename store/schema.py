@@ -248,7 +248,8 @@ held = sa.Table(
 #: The ledger's transaction ids (store.ids): each accepted batch's ids, one row per id's first occurrence,
 #: from its manifest; at its completion those it did not count are deleted, when voided all of them. The key
 #: starts with the segment, so that a batch's ids go into the current segment only; ``id_hash`` (the id's
-#: signed 64-bit hash) finds an id's rows in every segment, ``transaction_id`` tells two ids of one hash apart.
+#: signed 64-bit hash) finds an id's rows in every segment, ``transaction_id`` tells two ids of one hash apart
+#: (text of any length: an id too long to be valid is recorded too, and deleted when its row is rejected).
 ledger_ids = sa.Table(
     "ledger_ids",
     metadata,
@@ -256,7 +257,7 @@ ledger_ids = sa.Table(
     sa.Column("id_hash", sa.BigInteger, primary_key=True, autoincrement=False),
     sa.Column("batch_seq", sa.BigInteger, primary_key=True, autoincrement=False),
     sa.Column("row", sa.BigInteger, primary_key=True, autoincrement=False),
-    sa.Column("transaction_id", sa.String(64), nullable=False),
+    sa.Column("transaction_id", sa.Text, nullable=False),
     sqlite_with_rowid=False,
 )
 

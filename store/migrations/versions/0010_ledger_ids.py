@@ -30,7 +30,7 @@ def upgrade() -> None:
         sa.Column("id_hash", sa.BigInteger, primary_key=True, autoincrement=False),
         sa.Column("batch_seq", sa.BigInteger, primary_key=True, autoincrement=False),
         sa.Column("row", sa.BigInteger, primary_key=True, autoincrement=False),
-        sa.Column("transaction_id", sa.String(64), nullable=False),
+        sa.Column("transaction_id", sa.Text, nullable=False),
         sqlite_with_rowid=False,
     )
     op.create_index("ix_ledger_ids_batch", "ledger_ids", ["batch_seq", "row"])
