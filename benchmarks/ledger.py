@@ -1,8 +1,9 @@
 """The ledger benchmark (``billing bench-ledger``): a 1,000,000-row batch on an empty ledger and on one that
 already holds 50,000,000 transaction ids, side by side, on SQLite or PostgreSQL.
 
-The large ledger is loaded in bulk: synthetic ids a segment at a time in key order (:func:`store.ids.insert_ids`,
-the by-batch index built after), their bits in the id filter, as many complete batch rows as it took. The batch
+The large ledger is loaded in bulk: synthetic ids of complete batches, each batch's in one statement series
+sorted by hash into the segment the controller would have given it (:func:`store.ids.insert_ids`), their bits in
+the id filter. The batch
 then goes through the roles' code (:class:`InProcess`), each role's part in a process of its own, one after
 the other: the initiator's cut, marking with the filter and merge; the processors' rating (one process here);
 the controller's ``Store.apply`` of the manifest (its ids recorded) and of the results (held rows decided
@@ -141,28 +142,25 @@ def apply(store: Store, cut: Cut, *, group: int = 4) -> float:
 
 
 def load_ledger(store: Store, shared: InProcess, ids: int, *, batch_rows: int = 1_000_000) -> None:
-    """Fill an empty ledger with ``ids`` synthetic ids of complete batches of ``batch_rows``: the batch rows,
-    the ids a segment at a time in key order (the by-batch index dropped meanwhile and built after), their bits
-    in the filter."""
+    """Fill an empty ledger with ``ids`` synthetic ids of complete batches of ``batch_rows``, each in the segment
+    the controller would have given it, sorted by hash; their bits in the filter."""
     now = datetime.now(UTC)
-    count = -(-ids // batch_rows)
+    loaded = []
     with writing(store.engine) as conn:
-        conn.execute(sa.text("DROP INDEX ix_ledger_ids_batch"))
-        for first in range(0, ids, SEGMENT_ROWS):
-            numbers = np.arange(first, min(first + SEGMENT_ROWS, ids), dtype=np.int64)
+        for seq, first in enumerate(range(0, ids, batch_rows), start=1):
+            numbers = np.arange(first, min(first + batch_rows, ids), dtype=np.int64)
             texts = pc.binary_join_element_wise("ledger-", pa.array(numbers).cast(pa.string()), "")
-            hashes = id_hashes(texts)
-            insert_ids(conn, first // SEGMENT_ROWS, hashes, numbers // batch_rows + 1, numbers % batch_rows + 1, texts)
+            hashes, segment = id_hashes(texts), first // SEGMENT_ROWS
+            insert_ids(conn, segment, hashes, np.full(len(numbers), seq), numbers - first + 1, texts)
             shared.filter.add(hashes.view(np.uint64))
-        conn.execute(sa.text("CREATE INDEX ix_ledger_ids_batch ON ledger_ids (batch_seq, row)"))
-        loaded = [_loaded_batch(f"ledger-{seq:06d}", seq, batch_rows, now) for seq in range(1, count + 1)]
+            loaded.append(_loaded_batch(f"ledger-{seq:06d}", seq, len(numbers), segment, now))
         conn.execute(sa.insert(batches), loaded)
         conn.execute(sa.delete(counters).where(counters.c.name.in_((BATCH_SEQ, IDS))))
-        conn.execute(sa.insert(counters), [{"name": BATCH_SEQ, "value": count}, {"name": IDS, "value": ids}])
-    shared.serial = count
+        conn.execute(sa.insert(counters), [{"name": BATCH_SEQ, "value": len(loaded)}, {"name": IDS, "value": ids}])
+    shared.serial = len(loaded)
 
 
-def _loaded_batch(batch_id: str, seq: int, rows: int, now: datetime) -> dict[str, object]:
+def _loaded_batch(batch_id: str, seq: int, rows: int, segment: int, now: datetime) -> dict[str, object]:
     """A complete batch row for ids loaded in bulk."""
     return dict(
         batch_id=batch_id,
@@ -180,6 +178,7 @@ def _loaded_batch(batch_id: str, seq: int, rows: int, now: datetime) -> dict[str
         updated_at=now,
         seq=seq,
         id_serial=seq,
+        id_segment=segment,
     )
 
 
