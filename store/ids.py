@@ -38,6 +38,8 @@ SEGMENT_ROWS = 1 << 20
 #: The counter of ids recorded (what fills the segments).
 IDS = "ledger_ids"
 _INSERT_ROWS = 100_000
+#: Rows of one batch named per statement that reads its segment (each such statement scans the segment).
+_SCAN_ROWS = 30_000
 _COLUMNS = "segment, id_hash, batch_seq, row, transaction_id"
 _PG_INSERT = sa.text(
     f"INSERT INTO ledger_ids ({_COLUMNS}) SELECT :segment, h, s, r, t FROM unnest("
@@ -57,9 +59,12 @@ class Verdict:
 
 
 def id_hashes(ids: pa.Array | pa.ChunkedArray) -> np.ndarray:
-    """Each id's signed 64-bit hash, as ``ledger_ids.id_hash`` keeps it (the filter's hash)."""
-    hashes, _ = FirstOccurrences.hashes(ids.to_numpy(zero_copy_only=False))
-    return hashes.view(np.int64)
+    """Each id's signed 64-bit hash, as ``ledger_ids.id_hash`` keeps it (the filter's hash); a slice of ids at a
+    time, so that only so many Python strings exist at once."""
+    parts = [np.empty(0, np.uint64)]
+    for start in range(0, len(ids), _INSERT_ROWS):
+        parts.append(FirstOccurrences.hashes(ids[start : start + _INSERT_ROWS].to_numpy(zero_copy_only=False))[0])
+    return np.concatenate(parts).view(np.int64)
 
 
 def record_ids(conn: sa.Connection, seq: int, ids: pa.Table | None) -> int | None:
@@ -136,7 +141,7 @@ def forget_uncounted(conn: sa.Connection, row: Mapping[str, Any], kept_firsts: I
     """Delete the ids batch ``row`` did not count: of its rejected rows, those whose id no kept row counts."""
     rejected = set(conn.scalars(sa.select(rejects.c.row).where(rejects.c.batch_id == row["batch_id"])))
     delete = sa.delete(ledger_ids).where(*_of_batch(ledger_ids, row["id_segment"], row["seq"]))
-    for chunk in chunks(sorted(rejected - set(kept_firsts)), CHUNK):
+    for chunk in chunks(sorted(rejected - set(kept_firsts)), _SCAN_ROWS):
         conn.execute(delete.where(ledger_ids.c.row.in_(chunk)))
 
 
@@ -182,7 +187,7 @@ def _own_ids(conn: sa.Connection, row: Mapping[str, Any], firsts: Sequence[int])
         *_of_batch(ledger_ids, row["id_segment"], row["seq"])
     )
     found = {}
-    for chunk in chunks(sorted(firsts), CHUNK):
+    for chunk in chunks(sorted(firsts), _SCAN_ROWS):
         found.update(
             {r.row: (r.id_hash, r.transaction_id) for r in conn.execute(query.where(ledger_ids.c.row.in_(chunk)))}
         )
