@@ -1,8 +1,9 @@
 """The ledger benchmark (``billing bench-ledger``): a 1,000,000-row batch on an empty ledger and on one that
 already holds 50,000,000 transaction ids, side by side, on SQLite or PostgreSQL.
 
-The large ledger is loaded in bulk: synthetic ids a segment at a time in key order (:func:`store.ids.insert_ids`,
-the by-batch index built after), their bits in the id filter, as many complete batch rows as it took. The batch
+The large ledger is loaded in bulk: synthetic ids of complete batches, each batch's in one statement series
+sorted by hash into the segment the controller would have given it (:func:`store.ids.insert_ids`), their bits in
+the id filter. The batch
 then goes through the roles' code (:class:`InProcess`), each role's part in a process of its own, one after
 the other: the initiator's cut, marking with the filter and merge; the processors' rating (one process here);
 the controller's ``Store.apply`` of the manifest (its ids recorded) and of the results (held rows decided
@@ -11,6 +12,7 @@ against the ledger). Each part's wall time and peak RSS are reported, and the ba
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import multiprocessing
@@ -140,28 +142,25 @@ def apply(store: Store, cut: Cut, *, group: int = 4) -> float:
 
 
 def load_ledger(store: Store, shared: InProcess, ids: int, *, batch_rows: int = 1_000_000) -> None:
-    """Fill an empty ledger with ``ids`` synthetic ids of complete batches of ``batch_rows``: the batch rows,
-    the ids a segment at a time in key order (the by-batch index dropped meanwhile and built after), their bits
-    in the filter."""
+    """Fill an empty ledger with ``ids`` synthetic ids of complete batches of ``batch_rows``, each in the segment
+    the controller would have given it, sorted by hash; their bits in the filter."""
     now = datetime.now(UTC)
-    count = -(-ids // batch_rows)
+    loaded = []
     with writing(store.engine) as conn:
-        conn.execute(sa.text("DROP INDEX ix_ledger_ids_batch"))
-        for first in range(0, ids, SEGMENT_ROWS):
-            numbers = np.arange(first, min(first + SEGMENT_ROWS, ids), dtype=np.int64)
+        for seq, first in enumerate(range(0, ids, batch_rows), start=1):
+            numbers = np.arange(first, min(first + batch_rows, ids), dtype=np.int64)
             texts = pc.binary_join_element_wise("ledger-", pa.array(numbers).cast(pa.string()), "")
-            hashes = id_hashes(texts)
-            insert_ids(conn, first // SEGMENT_ROWS, hashes, numbers // batch_rows + 1, numbers % batch_rows + 1, texts)
+            hashes, segment = id_hashes(texts), first // SEGMENT_ROWS
+            insert_ids(conn, segment, hashes, np.full(len(numbers), seq), numbers - first + 1, texts)
             shared.filter.add(hashes.view(np.uint64))
-        conn.execute(sa.text("CREATE INDEX ix_ledger_ids_batch ON ledger_ids (batch_seq, row)"))
-        loaded = [_loaded_batch(f"ledger-{seq:06d}", seq, batch_rows, now) for seq in range(1, count + 1)]
+            loaded.append(_loaded_batch(f"ledger-{seq:06d}", seq, len(numbers), segment, now))
         conn.execute(sa.insert(batches), loaded)
         conn.execute(sa.delete(counters).where(counters.c.name.in_((BATCH_SEQ, IDS))))
-        conn.execute(sa.insert(counters), [{"name": BATCH_SEQ, "value": count}, {"name": IDS, "value": ids}])
-    shared.serial = count
+        conn.execute(sa.insert(counters), [{"name": BATCH_SEQ, "value": len(loaded)}, {"name": IDS, "value": ids}])
+    shared.serial = len(loaded)
 
 
-def _loaded_batch(batch_id: str, seq: int, rows: int, now: datetime) -> dict[str, object]:
+def _loaded_batch(batch_id: str, seq: int, rows: int, segment: int, now: datetime) -> dict[str, object]:
     """A complete batch row for ids loaded in bulk."""
     return dict(
         batch_id=batch_id,
@@ -179,25 +178,27 @@ def _loaded_batch(batch_id: str, seq: int, rows: int, now: datetime) -> dict[str
         updated_at=now,
         seq=seq,
         id_serial=seq,
+        id_segment=segment,
     )
 
 
 @contextmanager
 def _database(kind: str, folder: Path) -> Iterator[str]:
     """A fresh, migrated database of ``kind`` under ``folder``: its URL."""
-    server = PostgresServer(data_dir=folder / "pg") if kind == "postgresql" else None
-    url = server.start() if server else f"sqlite:///{folder}/billing.db"
-    try:
+    with contextlib.ExitStack() as stack:
+        url = f"sqlite:///{folder}/billing.db"
+        if kind == "postgresql":  # a folder of its own under /tmp: as root the server runs as `postgres`
+            data = stack.enter_context(tempfile.TemporaryDirectory(prefix="billing-bench-ledger-pg-"))
+            server = PostgresServer(data_dir=Path(data))
+            url = server.start()
+            stack.callback(server.stop)
         Store(url).close()
         yield url
-    finally:
-        if server:
-            server.stop()
 
 
 def _in_child(target: Callable[..., T], *args: object) -> tuple[T, float]:
-    """``target(*args)`` in a process of its own (forked): its result and that process's peak RSS in MiB."""
-    context = multiprocessing.get_context("fork")
+    """``target(*args)`` in a fresh process of its own: its result and that process's peak RSS in MiB."""
+    context = multiprocessing.get_context("spawn")
     answers: multiprocessing.queues.Queue[tuple[str, Any]] = context.Queue()
     child = context.Process(target=_child, args=(answers, target, args))
     child.start()
@@ -238,11 +239,11 @@ def _shared(bits: int, state: Path) -> InProcess:
     return shared
 
 
-def _initiator(data: bytes, bits: int, state: Path, cut_file: Path) -> float:
+def _initiator(source: Path, bits: int, state: Path, cut_file: Path) -> float:
     """The initiator's part (the filter read, the cut and marking, the merge); wall seconds."""
     started = time.perf_counter()
     shared = _shared(bits, state)
-    work, manifest = shared.cut_only("bench", data)
+    work, manifest = shared.cut_only("bench", source.read_bytes())
     cut_file.write_bytes(pickle.dumps((work, manifest)))
     return time.perf_counter() - started
 
@@ -265,7 +266,7 @@ def _controller(url: str, results_file: Path) -> tuple[float, dict[str, Any]]:
     return seconds, {} if status is None else status.to_json_dict()
 
 
-def _one(kind: str, data: bytes, ledger_ids: int, bits: int, scratch: Path, console: Console) -> dict[str, Any]:
+def _one(kind: str, source: Path, ledger_ids: int, bits: int, scratch: Path, console: Console) -> dict[str, Any]:
     """The batch on a ledger of ``ledger_ids`` ids, each role's part in a process of its own: its seconds and
     peak RSS, and what loading the ledger took."""
     state, cut_file, results_file = scratch / "filter.pickle", scratch / "cut.pickle", scratch / "results.pickle"
@@ -275,7 +276,7 @@ def _one(kind: str, data: bytes, ledger_ids: int, bits: int, scratch: Path, cons
             with console.status(f"{kind}: loading {ledger_ids:,} ids"):
                 figures["load"], figures["load_rss_mib"] = _in_child(_load, url, ledger_ids, bits, state)
         with console.status(f"{kind}: the batch on {ledger_ids:,} ids"):
-            figures["initiator"], figures["initiator_rss_mib"] = _in_child(_initiator, data, bits, state, cut_file)
+            figures["initiator"], figures["initiator_rss_mib"] = _in_child(_initiator, source, bits, state, cut_file)
             figures["processors"], figures["processors_rss_mib"] = _in_child(_processor, bits, cut_file, results_file)
             (figures["controller"], status), figures["controller_rss_mib"] = _in_child(_controller, url, results_file)
     if status.get("state") != BatchState.complete or status["accepted"] + status["rejected"] != status["rows"]:
@@ -290,12 +291,11 @@ def run(*, store: str, rows: int, ledger_ids: int, bits: int, output: Path, cons
     with tempfile.TemporaryDirectory(prefix="billing-bench-ledger-") as folder:
         source = Path(folder) / "batch.csv"
         generate(rows, source, seed=7)
-        data = source.read_bytes()
         runs = {}
         for size in (0, ledger_ids):
             scratch = Path(folder) / f"ledger-{size}"
             scratch.mkdir()
-            runs[size] = _one(store, data, size, bits, scratch, console)
+            runs[size] = _one(store, source, size, bits, scratch, console)
     ratio = runs[ledger_ids]["batch"] / runs[0]["batch"]
     report = {"store": store, "rows": rows, "ledger_ids": ledger_ids, "filter_bits": bits, "runs": runs}
     report["ratio"] = round(ratio, 3)

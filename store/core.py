@@ -299,7 +299,7 @@ def _take_manifests(conn: sa.Connection, rows: Mapping[str, dict[str, Any]], man
                 accepted[manifest.batch_id] = manifest
     number_batches(conn, [rows[batch_id] for batch_id in accepted])
     for batch_id, manifest in accepted.items():
-        record_ids(conn, rows[batch_id]["seq"], manifest.ids)
+        rows[batch_id]["id_segment"] = record_ids(conn, rows[batch_id]["seq"], manifest.ids)
 
 
 def _complete(
@@ -320,7 +320,7 @@ def _complete(
         elif verdict.refused is not None:
             row["refused_reason"] = verdict.refused
             forget_counts(conn, row)
-            release(conn, row["seq"])
+            release(conn, row)
             settling[batch_id] = settled[row["seq"]] = BatchState.refused
         else:
             counted, kept_firsts = resolve_held(conn, row, verdict.taken)

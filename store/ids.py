@@ -4,7 +4,8 @@ across batches").
 
 - **Where they live.** ``ledger_ids`` keeps, per accepted batch, each id's first occurrence: recorded with the
   batch's manifest (:func:`record_ids`), in the current *segment* of :data:`SEGMENT_ROWS` ids (the key starts
-  with it, so a batch's inserts stay in one part of the index however large the ledger), sorted by hash. When
+  with it, so a batch's inserts stay in one part of the index however large the ledger), sorted by hash; the
+  batch row names that segment (``id_segment``), where its ids are found by its seq. When
   the batch completes, the ids it did not count are deleted (:func:`forget_uncounted`); a void deletes all of
   its ids (:mod:`store.ledger`).
 - **Who is checked.** The initiator marks the first occurrences the id filter may hold; they are held and
@@ -37,6 +38,8 @@ SEGMENT_ROWS = 1 << 20
 #: The counter of ids recorded (what fills the segments).
 IDS = "ledger_ids"
 _INSERT_ROWS = 100_000
+#: Rows of one batch named per statement that reads its segment (each such statement scans the segment).
+_SCAN_ROWS = 30_000
 _COLUMNS = "segment, id_hash, batch_seq, row, transaction_id"
 _PG_INSERT = sa.text(
     f"INSERT INTO ledger_ids ({_COLUMNS}) SELECT :segment, h, s, r, t FROM unnest("
@@ -56,18 +59,23 @@ class Verdict:
 
 
 def id_hashes(ids: pa.Array | pa.ChunkedArray) -> np.ndarray:
-    """Each id's signed 64-bit hash, as ``ledger_ids.id_hash`` keeps it (the filter's hash)."""
-    hashes, _ = FirstOccurrences.hashes(ids.to_numpy(zero_copy_only=False))
-    return hashes.view(np.int64)
+    """Each id's signed 64-bit hash, as ``ledger_ids.id_hash`` keeps it (the filter's hash); a slice of ids at a
+    time, so that only so many Python strings exist at once."""
+    parts = [np.empty(0, np.uint64)]
+    for start in range(0, len(ids), _INSERT_ROWS):
+        parts.append(FirstOccurrences.hashes(ids[start : start + _INSERT_ROWS].to_numpy(zero_copy_only=False))[0])
+    return np.concatenate(parts).view(np.int64)
 
 
-def record_ids(conn: sa.Connection, seq: int, ids: pa.Table | None) -> None:
-    """Record batch ``seq``'s ids (``IDS_SCHEMA``) in the current segment, in hash order."""
+def record_ids(conn: sa.Connection, seq: int, ids: pa.Table | None) -> int | None:
+    """Record batch ``seq``'s ids (``IDS_SCHEMA``) in the current segment, in hash order; the segment is
+    returned (None when there are no ids)."""
     if ids is None or not ids.num_rows:
-        return
+        return None
     segment = (take_numbers(conn, IDS, ids.num_rows) - 1) // SEGMENT_ROWS
     seqs = np.full(ids.num_rows, seq, np.int64)
     insert_ids(conn, segment, id_hashes(ids["transaction_id"]), seqs, ids["row"].to_numpy(), ids["transaction_id"])
+    return segment
 
 
 def insert_ids(
@@ -111,7 +119,7 @@ def decide(conn: sa.Connection, row: Mapping[str, Any], firsts: Sequence[int], s
     ``firsts``; ``settled`` maps the seq of batches settled earlier in this transaction to their new state."""
     seq = row["seq"]
     unfiltered = _unfiltered(conn, row)
-    hits = _earlier_rows(conn, seq, _own_ids(conn, seq, firsts))
+    hits = _earlier_rows(conn, seq, _own_ids(conn, row, firsts))
 
     def state(hit: _Hit) -> str:
         return settled.get(hit.batch_seq, hit.state)
@@ -120,9 +128,7 @@ def decide(conn: sa.Connection, row: Mapping[str, Any], firsts: Sequence[int], s
     if running:
         return Verdict(wait_for=min(running, key=lambda hit: hit.batch_seq).batch_id)
     for other in unfiltered:
-        shared = (
-            set(_shared_rows(conn, seq, other.batch_seq)) - _marked(conn, row) if state(other) == "complete" else ()
-        )
+        shared = set(_shared_rows(conn, row, other)) - _marked(conn, row) if state(other) == "complete" else ()
         if shared:
             return Verdict(
                 refused=f"shares {len(shared)} transaction ids with batch {other.batch_id}, debatched at the same "
@@ -134,14 +140,19 @@ def decide(conn: sa.Connection, row: Mapping[str, Any], firsts: Sequence[int], s
 def forget_uncounted(conn: sa.Connection, row: Mapping[str, Any], kept_firsts: Iterable[int]) -> None:
     """Delete the ids batch ``row`` did not count: of its rejected rows, those whose id no kept row counts."""
     rejected = set(conn.scalars(sa.select(rejects.c.row).where(rejects.c.batch_id == row["batch_id"])))
-    delete = sa.delete(ledger_ids).where(ledger_ids.c.batch_seq == row["seq"])
-    for chunk in chunks(sorted(rejected - set(kept_firsts)), CHUNK):
+    delete = sa.delete(ledger_ids).where(*_of_batch(ledger_ids, row["id_segment"], row["seq"]))
+    for chunk in chunks(sorted(rejected - set(kept_firsts)), _SCAN_ROWS):
         conn.execute(delete.where(ledger_ids.c.row.in_(chunk)))
 
 
-def release(conn: sa.Connection, seq: int) -> None:
-    """Delete every id of batch ``seq`` (voided, or refused): later batches may count them."""
-    conn.execute(sa.delete(ledger_ids).where(ledger_ids.c.batch_seq == seq))
+def release(conn: sa.Connection, row: Mapping[str, Any]) -> None:
+    """Delete every id of batch ``row`` (refused): later batches may count them."""
+    conn.execute(sa.delete(ledger_ids).where(*_of_batch(ledger_ids, row["id_segment"], row["seq"])))
+
+
+def _of_batch(table: sa.FromClause, segment: int | None, seq: int) -> tuple[sa.ColumnElement[bool], ...]:
+    """The rows of ``table`` (``ledger_ids`` or an alias) that hold batch ``seq``'s ids, in its ``segment``."""
+    return table.c.segment == segment, table.c.batch_seq == seq
 
 
 @dataclass(frozen=True)
@@ -152,12 +163,13 @@ class _Hit:
     batch_seq: int
     state: str
     row: int = 0
+    segment: int | None = None
 
 
 def _unfiltered(conn: sa.Connection, row: Mapping[str, Any]) -> list[_Hit]:
     """Earlier batches, not voided, complete or running, whose ids the filter did not hold when ``row``'s
     batch was marked (all earlier batches with ids, when no filter was used)."""
-    query = sa.select(batches.c.batch_id, batches.c.seq, batches.c.state).where(
+    query = sa.select(batches.c.batch_id, batches.c.seq, batches.c.state, batches.c.id_segment).where(
         batches.c.seq < row["seq"],
         batches.c.voided_at.is_(None),
         batches.c.id_serial.is_not(None),
@@ -166,7 +178,7 @@ def _unfiltered(conn: sa.Connection, row: Mapping[str, Any]) -> list[_Hit]:
     )
     if row["filter_serial"] is not None:
         query = query.where(batches.c.id_serial > row["filter_serial"])
-    return [_Hit(r.batch_id, r.seq, r.state) for r in conn.execute(query)]
+    return [_Hit(r.batch_id, r.seq, r.state, segment=r.id_segment) for r in conn.execute(query)]
 
 
 def _marked(conn: sa.Connection, row: Mapping[str, Any]) -> set[int]:
@@ -176,13 +188,13 @@ def _marked(conn: sa.Connection, row: Mapping[str, Any]) -> set[int]:
     return set(conn.scalars(query))
 
 
-def _own_ids(conn: sa.Connection, seq: int, firsts: Sequence[int]) -> dict[int, tuple[int, str]]:
-    """Row → (hash, id) of batch ``seq``'s first occurrences ``firsts``."""
+def _own_ids(conn: sa.Connection, row: Mapping[str, Any], firsts: Sequence[int]) -> dict[int, tuple[int, str]]:
+    """Row → (hash, id) of batch ``row``'s first occurrences ``firsts``."""
     query = sa.select(ledger_ids.c.row, ledger_ids.c.id_hash, ledger_ids.c.transaction_id).where(
-        ledger_ids.c.batch_seq == seq
+        *_of_batch(ledger_ids, row["id_segment"], row["seq"])
     )
     found = {}
-    for chunk in chunks(sorted(firsts), CHUNK):
+    for chunk in chunks(sorted(firsts), _SCAN_ROWS):
         found.update(
             {r.row: (r.id_hash, r.transaction_id) for r in conn.execute(query.where(ledger_ids.c.row.in_(chunk)))}
         )
@@ -215,20 +227,19 @@ def _earlier_rows(conn: sa.Connection, seq: int, own: Mapping[int, tuple[int, st
     return hits
 
 
-def _shared_rows(conn: sa.Connection, seq: int, other: int) -> list[int]:
-    """Rows of batch ``seq`` whose id batch ``other`` holds too."""
+def _shared_rows(conn: sa.Connection, row: Mapping[str, Any], other: _Hit) -> list[int]:
+    """Rows of batch ``row`` whose id batch ``other`` holds too."""
     mine, theirs = ledger_ids.alias("mine"), ledger_ids.alias("theirs")
     query = (
         sa.select(mine.c.row)
         .join(
             theirs,
             sa.and_(
-                theirs.c.segment.in_(_segments(conn)),
+                *_of_batch(theirs, other.segment, other.batch_seq),
                 theirs.c.id_hash == mine.c.id_hash,
-                theirs.c.batch_seq == other,
                 theirs.c.transaction_id == mine.c.transaction_id,
             ),
         )
-        .where(mine.c.batch_seq == seq)
+        .where(*_of_batch(mine, row["id_segment"], row["seq"]))
     )
     return list(conn.scalars(query))

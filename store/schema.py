@@ -138,6 +138,7 @@ batches = sa.Table(
     # added the batch's ids (None for batches from before the ledger kept ids).
     sa.Column("filter_serial", sa.BigInteger, nullable=True),
     sa.Column("id_serial", sa.BigInteger, nullable=True),
+    sa.Column("id_segment", sa.BigInteger, nullable=True),  # the segment of ledger_ids holding its ids
 )
 
 
@@ -264,8 +265,10 @@ held = sa.Table(
 
 #: The ledger's transaction ids (store.ids): each accepted batch's ids, one row per id's first occurrence,
 #: from its manifest; at its completion those it did not count are deleted, when voided all of them. The key
-#: starts with the segment, so that a batch's ids go into the current segment only; ``id_hash`` (the id's
-#: signed 64-bit hash) finds an id's rows in every segment, ``transaction_id`` tells two ids of one hash apart.
+#: starts with the segment, so that a batch's ids go into the current segment only (all of them into one: a
+#: batch's ids are found by its segment and seq); ``id_hash`` (the id's signed 64-bit hash) finds an id's rows
+#: in every segment, ``transaction_id`` tells two ids of one hash apart
+#: (text of any length: an id too long to be valid is recorded too, and deleted when its row is rejected).
 ledger_ids = sa.Table(
     "ledger_ids",
     metadata,
@@ -273,7 +276,7 @@ ledger_ids = sa.Table(
     sa.Column("id_hash", sa.BigInteger, primary_key=True, autoincrement=False),
     sa.Column("batch_seq", sa.BigInteger, primary_key=True, autoincrement=False),
     sa.Column("row", sa.BigInteger, primary_key=True, autoincrement=False),
-    sa.Column("transaction_id", sa.String(64), nullable=False),
+    sa.Column("transaction_id", sa.Text, nullable=False),
     sqlite_with_rowid=False,
 )
 
@@ -284,8 +287,6 @@ sa.Index("ix_aggregates_day", aggregates.c.billing_day)
 sa.Index("ix_batches_state", batches.c.state)
 # No two batches share a sequence number (migration 0008).
 sa.Index("ux_batches_seq", batches.c.seq, unique=True)
-# A batch's ids by row (migration 0010).
-sa.Index("ix_ledger_ids_batch", ledger_ids.c.batch_seq, ledger_ids.c.row)
 # Documents of a period, of an account (migration 0009).
 sa.Index("ix_documents_period_account", documents.c.period, documents.c.account_id, documents.c.currency)
 sa.Index("ix_documents_account", documents.c.account_id)

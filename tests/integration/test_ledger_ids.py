@@ -84,6 +84,7 @@ def test_an_overlapping_batch_counts_only_new_ids_and_a_void_releases_them(store
     shared, model = InProcess(bits=1 << 16), _model()
     first = _rows([f"t{i}" for i in range(200)])
     first[5]["quantity"] = "1e3"  # invalid: t5 is not counted by the first batch
+    first[7]["transaction_id"] = "t" * 70  # too long to be an id: rejected, and no trouble to the ledger
     _run(store, shared, model, "first", first)
     # A re-export of part of the first, new ids, a repeat inside the batch, the invalid id valid now.
     second = _rows([f"t{i}" for i in range(150, 260)] + ["t5", "t170", "n1", "n1"], quantity="3")

@@ -1,6 +1,6 @@
-"""The ledger's transaction ids: the table ``ledger_ids`` (each accepted batch's ids by segment and hash, and
-by batch and row) and the id filter's serials on batches. Batches recorded before have no ids in it: later
-batches are checked against the ids of batches from this revision on.
+"""The ledger's transaction ids: the table ``ledger_ids`` (each accepted batch's ids by segment and hash) and,
+on batches, the id filter's serials and the segment holding the batch's ids. Batches recorded before have no
+ids in it: later batches are checked against the ids of batches from this revision on.
 
 Revision ID: 0010
 Revises: 0009
@@ -24,21 +24,21 @@ def upgrade() -> None:
     with op.batch_alter_table("batches") as batch:
         batch.add_column(sa.Column("filter_serial", sa.BigInteger, nullable=True))
         batch.add_column(sa.Column("id_serial", sa.BigInteger, nullable=True))
+        batch.add_column(sa.Column("id_segment", sa.BigInteger, nullable=True))
     op.create_table(
         "ledger_ids",
         sa.Column("segment", sa.BigInteger, primary_key=True, autoincrement=False),
         sa.Column("id_hash", sa.BigInteger, primary_key=True, autoincrement=False),
         sa.Column("batch_seq", sa.BigInteger, primary_key=True, autoincrement=False),
         sa.Column("row", sa.BigInteger, primary_key=True, autoincrement=False),
-        sa.Column("transaction_id", sa.String(64), nullable=False),
+        sa.Column("transaction_id", sa.Text, nullable=False),
         sqlite_with_rowid=False,
     )
-    op.create_index("ix_ledger_ids_batch", "ledger_ids", ["batch_seq", "row"])
 
 
 def downgrade() -> None:
-    op.drop_index("ix_ledger_ids_batch", "ledger_ids")
     op.drop_table("ledger_ids")
     with op.batch_alter_table("batches") as batch:
+        batch.drop_column("id_segment")
         batch.drop_column("id_serial")
         batch.drop_column("filter_serial")
