@@ -26,6 +26,7 @@ class Expected:
     accepted: int = 0
     rejected: int = 0
     aggregates: Aggregates = field(default_factory=dict)
+    ids: set[str] = field(default_factory=set)  # the transaction ids the batch counts
 
 
 def read_rows(path: Path) -> list[dict[str, Any]]:
@@ -39,16 +40,18 @@ def read_rows(path: Path) -> list[dict[str, Any]]:
     return rows
 
 
-def expected(path: Path, price_book: str, tax_table: str) -> Expected:
-    """What the batch in ``path`` must bill with this price book and tax table (CSV texts)."""
+def expected(path: Path, price_book: str, tax_table: str, taken: set[str] | frozenset[str] = frozenset()) -> Expected:
+    """What the batch in ``path`` must bill with this price book and tax table (CSV texts), ``taken`` the ids
+    earlier batches of the ledger counted."""
     prices, rates = read_prices(price_book), read_rates(tax_table)
     raw = [{name: None if value is None else str(value) for name, value in row.items()} for row in read_rows(path)]
     out = Expected()
-    for row in check_batch(raw, prices, rates):
+    for row in check_batch(raw, prices, rates, taken):
         if not isinstance(row, Row):
             out.rejected += 1
             continue
         out.accepted += 1
+        out.ids.add(row.transaction_id)
         rated = rate_row(row, prices, rates)
         key = (row.account_id, row.product, rated.billing_day, rated.currency)
         sums = out.aggregates.setdefault(key, [0, Decimal(0), 0, 0, 0])

@@ -146,10 +146,14 @@ def check_row(raw: dict[str, str | None], prices: dict[str, Price], rates: dict[
 
 
 def check_batch(
-    rows: list[dict[str, str | None]], prices: dict[str, Price], rates: dict[str, Decimal]
+    rows: list[dict[str, str | None]],
+    prices: dict[str, Price],
+    rates: dict[str, Decimal],
+    taken: set[str] | frozenset[str] = frozenset(),
 ) -> list[Row | str]:
-    """Every row of a batch in order, with ``duplicate_transaction_id`` after the first valid one."""
-    seen: set[str] = set()
+    """Every row of a batch in order, with ``duplicate_transaction_id`` after the first valid one, and for every
+    valid row whose id is ``taken`` (counted in an earlier batch of the ledger)."""
+    seen: set[str] = set(taken)
     out: list[Row | str] = []
     for raw in rows:
         result = check_row(raw, prices, rates)
@@ -199,9 +203,11 @@ MEASURES = ("transactions", "quantity", "net", "tax", "total")
 
 @dataclass
 class Ledger:
-    """Documents as a close must issue them, from the batches' raw rows, one row at a time: what the counted
-    rows of a period add up to (complete batches, not voided), less what its documents already say, per
-    account, currency, product and batch; numbered on from 1 in (account, currency) order within a close."""
+    """Documents as a close must issue them, from the batches' raw rows, one row at a time (each transaction id
+    counted once across the batches, in the order they are given): what the counted rows of a period add up to
+    (complete batches, not voided), less what its documents already say, per account, currency, product and
+    batch; numbered on from 1 in (account, currency) order within a close. A batch's counted rows of a period
+    closed before it completed are late (``late``: batch -> period -> rows)."""
 
     prices: dict[str, Price]
     rates: dict[str, Decimal]
@@ -209,20 +215,35 @@ class Ledger:
     def __post_init__(self) -> None:
         self.rated: dict[str, list[tuple[Row, Rated]]] = {}
         self.voided: set[str] = set()
+        self.closed: set[str] = set()
+        self.late: dict[str, dict[str, int]] = {}
         self.documents: list[dict[str, object]] = []
         #: (period, account, currency, product, batch) -> measures documented so far
         self.documented: dict[tuple[str, ...], list[Decimal]] = {}
 
-    def batch(self, batch_id: str, rows: list[dict[str, str | None]]) -> None:
-        """A batch completed with these rows."""
-        counted = [r for r in check_batch(rows, self.prices, self.rates) if isinstance(r, Row)]
+    def batch(self, batch_id: str, rows: list[dict[str, str | None]]) -> list[Row | str]:
+        """A batch completed with these rows, after every batch given before (the order of sequence numbers):
+        an id counted in one of them, not voided, is a duplicate here. Each row's fate is returned."""
+        checked = check_batch(rows, self.prices, self.rates, self.counted_ids())
+        counted = [r for r in checked if isinstance(r, Row)]
         self.rated[batch_id] = [(row, rate_row(row, self.prices, self.rates)) for row in counted]
+        late: dict[str, int] = {}
+        for _, rated in self.rated[batch_id]:
+            if rated.billing_day[:7] in self.closed:
+                late[rated.billing_day[:7]] = late.get(rated.billing_day[:7], 0) + 1
+        self.late[batch_id] = late
+        return checked
+
+    def counted_ids(self) -> set[str]:
+        """The transaction ids counted in the ledger: those of batches not voided (a void releases them)."""
+        return {row.transaction_id for b, rated in self.rated.items() if b not in self.voided for row, _ in rated}
 
     def void(self, batch_id: str) -> None:
         self.voided.add(batch_id)
 
     def close(self, period: str) -> list[dict[str, object]]:
         """The documents the close of ``period`` issues (JSON shape, without ``issued_at`` and the hashes)."""
+        self.closed.add(period)
         billed: dict[tuple[str, ...], list[Decimal]] = {}
         for batch_id, rated in self.rated.items():
             if batch_id in self.voided:

@@ -156,7 +156,7 @@ class Soak:
         self.rng = random.Random(seed)  # the faults (what happens when depends on timing)
         self.plan = random.Random(f"batches-{seed}")  # the batches: the same sequence for the same seed
         self.batches: list[SoakBatch] = []
-        self.expected: dict[str, Expected] = {}
+        self.files: dict[str, Path] = {}  # each batch's file, for what it must bill (computed in seq order at the end)
         self.faults: list[Fault] = []
         self.samples: list[Sample] = []
         self.problems: list[str] = []
@@ -276,7 +276,7 @@ class Soak:
                 batch.error = f"billing submit exited {done.returncode}: {done.stderr.strip()[-500:]}"
         if batch.error:
             batch.finished_seconds = round(self.now(), 2)  # nothing to wait for
-        self.expected[batch.batch_id] = expected(path, self.price_book, self.tax_table)
+        self.files[batch.batch_id] = path
 
     def _statuses(self, batch_ids: list[str]) -> list[BatchStatus | None]:
         """The batches' stored status (None where unknown, or while the store cannot be read)."""
@@ -454,10 +454,24 @@ class Soak:
                 self.problems.append(f"{queue}: about {count - len(entries)} more poisoned messages than listed")
         return found
 
+    def _expected(self, statuses: list[BatchStatus | None]) -> dict[str, Expected]:
+        """What each batch must bill, taken in sequence order: an id an earlier complete batch counted is a
+        duplicate in a later one."""
+        taken: set[str] = set()
+        wants = {}
+        numbered = [(s.seq, b.batch_id, s.state) for b, s in zip(self.batches, statuses, strict=True) if s and s.seq]
+        for _, batch_id, state in sorted(numbered):
+            wants[batch_id] = expected(self.files[batch_id], self.price_book, self.tax_table, taken)
+            if state == "complete":
+                taken |= wants[batch_id].ids
+        return wants
+
     def _check_batches(self) -> None:
         """Each batch complete, each work item counted once, its counts and aggregates as expected."""
-        for batch, status in zip(self.batches, self._statuses([b.batch_id for b in self.batches]), strict=True):
-            want = self.expected.get(batch.batch_id)
+        statuses = self._statuses([b.batch_id for b in self.batches])
+        wants = self._expected(statuses)
+        for batch, status in zip(self.batches, statuses, strict=True):
+            want = wants.get(batch.batch_id)
             if status is not None:
                 batch.state = status.state.value
                 batch.work_items, batch.completed_items = status.work_items, status.completed_items

@@ -187,7 +187,7 @@ def status(batch_id: str | None, as_json: bool) -> None:
         )
     rows = [s.to_json_dict() for s in found if s is not None]
     if batch_id:
-        click.echo(json.dumps(rows[0], indent=2) if as_json else " ".join(f"{k}={v}" for k, v in rows[0].items()))
+        click.echo(json.dumps(rows[0], indent=2) if as_json else _status_line(rows[0]))
         return
     roles = role_states(settings)
     backlog = asyncio.run(_backlog(resolve(settings))) if settings.has_secondary else {}
@@ -199,7 +199,7 @@ def status(batch_id: str | None, as_json: bool) -> None:
         )
         return
     for row in rows:
-        click.echo(" ".join(f"{k}={v}" for k, v in row.items()))
+        click.echo(_status_line(row))
     unbilled.echo(waiting)
     for state in roles:
         tasks = sum(listener["active_tasks"] for listener in state["listeners"])
@@ -211,6 +211,17 @@ def status(batch_id: str | None, as_json: bool) -> None:
             )
     for queue, depth in backlog.items():
         click.echo(f"backlog {queue}: {depth} message(s)")
+
+
+def _status_line(row: dict[str, Any]) -> str:
+    """A batch's status as ``key=value`` pairs; a mapping (late rows per period) as ``2026-03:12,2026-04:3``."""
+
+    def text(value: object) -> object:
+        if isinstance(value, dict):
+            return ",".join(f"{key}:{count}" for key, count in value.items()) or "none"
+        return value
+
+    return " ".join(f"{key}={text(value)}" for key, value in row.items())
 
 
 async def _backlog(settings: Settings) -> dict[str, int]:
@@ -438,6 +449,19 @@ def bench_celery_command(
         raise click.BadParameter(str(exc), param_hint="--chunk-rows") from None
     if not report.exact:
         raise click.ClickException("the Celery baseline did not bill as the reference model: see the table above")
+
+
+@cli.command("bench-ledger")
+@click.option("--store", type=click.Choice(["sqlite", "postgresql"]), default="sqlite", show_default=True)
+@click.option("--rows", default=1_000_000, show_default=True, help="Transactions in the batch.")
+@click.option("--ledger-ids", default=50_000_000, show_default=True, help="Ids in the large ledger.")
+@click.option("--filter-bits", default=1 << 30, show_default=True, help="The id filter's size (a power of two).")
+@click.option("--output", type=click.Path(dir_okay=False, path_type=Path), default=Path("bench-ledger.json"))
+def bench_ledger_command(store: str, rows: int, ledger_ids: int, filter_bits: int, output: Path) -> None:
+    """Time a batch on an empty ledger and on one of --ledger-ids ids, side by side (JSON)."""
+    _benchmark("ledger").run(
+        store=store, rows=rows, ledger_ids=ledger_ids, bits=filter_bits, output=output, console=console
+    )
 
 
 @cli.command("soak")

@@ -228,7 +228,7 @@ def pending_report(engine: sa.Engine, period: str, accounts: tuple[str, ...], cu
 
     found = periods(engine, period)
     if not found or not found[0].closed:
-        return [f"period {period} is open: no close has issued a document of it"]
+        return [f"period {period} is open: it was never closed"]
     pending = [
         d
         for d in found[0].pending

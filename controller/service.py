@@ -163,10 +163,14 @@ class Controller(Service):
             yield span
 
     async def clean_up(self) -> None:
-        """Delete the claim-check blobs of batches settled longer ago than the retention.
+        """Decide batches left waiting for an earlier batch another controller completed meanwhile; delete the
+        claim-check blobs of batches settled longer ago than the retention.
 
         Costs storage requests only when a batch is due: finding batches is a SQL query.
         """
+        settled = await self._in_sql_thread(functools.partial(self.store.apply, [], []))  # batches left waiting
+        for batch_id in settled.completed_batches:
+            log.info("batch %s complete (it waited for an earlier batch)", batch_id)
         settled_before = datetime.now(UTC) - timedelta(seconds=self.settings.claim_check_retention)
         for batch_id in await self._in_sql_thread(functools.partial(self.store.claims_to_delete, settled_before)):
             deleted = await self.claim_check.delete_batch(batch_id)

@@ -1,7 +1,11 @@
 """Debatching: cut a batch file into work items as it streams in, doing only what needs the whole batch.
 
 That is reading the file (a file that cannot be read is refused whole) and telling, in one pass over the
-transaction ids, which rows repeat an earlier row's id (:class:`~shared.rules.duplicates.FirstOccurrences`).
+transaction ids, which rows repeat an earlier row's id (:class:`~shared.rules.duplicates.FirstOccurrences`)
+and which first occurrences may repeat an id of an earlier batch (the ledger's
+:class:`~shared.rules.idfilter.IdFilter`): those are marked as repeats of themselves, so that the processors
+hold them for the controller's exact check. The batch's ids (each first occurrence's row and id, and their
+hashes) are kept for its manifest and for the filter.
 Validation and rating are the processors', so that they scale out with them. A text file's work item is a
 run of whole frames of its inbox blob (:class:`~shared.inbox.Part`), which the processor reads itself:
 nothing of its rows goes through the initiator's messages but the repeated ids. A Parquet file's work items
@@ -29,9 +33,10 @@ import pyarrow.compute as pc
 from shared import inbox
 from shared.errors import FileRefused
 from shared.inbox import Frame, Part
-from shared.protocol import REPEATS_SCHEMA, encode_table
+from shared.protocol import IDS_SCHEMA, REPEATS_SCHEMA, encode_table
 from shared.rules.batchfile import read_chunks
 from shared.rules.duplicates import FirstOccurrences
+from shared.rules.idfilter import IdFilter
 
 #: What a CSV reader says of a part that ends inside a record (a quoted line break across frames), or
 #: before the header record ends: with more of the file to come, the part goes on with the next frame.
@@ -49,12 +54,24 @@ class Cut:
 
 class Debatch:
     """Cuts one batch file into work items of at least ``work_item_size`` rows (text: whole frames; the last
-    ones smaller) or at most that many (Parquet). The counts are final once the items are exhausted."""
+    ones smaller) or at most that many (Parquet), first occurrences that ``ledger`` may hold marked. The counts
+    and :meth:`ids` are final once the items are exhausted."""
 
-    def __init__(self, *, work_item_size: int) -> None:
+    def __init__(self, *, work_item_size: int, ledger: IdFilter | None = None) -> None:
         self._work_item_size = work_item_size
         self._first = FirstOccurrences()
+        self._ledger = ledger
+        self._ids: list[pa.Table] = []
+        self._hashes: list[np.ndarray] = []
         self.rows = self.work_items = 0
+
+    def ids(self) -> pa.Table:
+        """Each first occurrence's row and transaction id (``IDS_SCHEMA``), in file order."""
+        return pa.concat_tables(self._ids) if self._ids else IDS_SCHEMA.empty_table()
+
+    def hashes(self) -> np.ndarray:
+        """The 64-bit hashes of :meth:`ids` (what the ledger's filter is given)."""
+        return np.concatenate(self._hashes) if self._hashes else np.empty(0, np.uint64)
 
     def parts(self, blob: str, fmt: str, frames: Sequence[Frame], stream: BinaryIO) -> Iterator[Cut]:
         """Work items of a text file from its blob's ``frames``, read from ``stream`` (the blob from its start).
@@ -139,8 +156,20 @@ class Debatch:
             yield Cut(chunk.num_rows, None, encode_table(table))
 
     def _repeat_of(self, chunk: pa.Table) -> np.ndarray:
+        """Each row's first occurrence (0 for a first occurrence; its own row for one the ledger may hold)."""
         ids = pc.utf8_trim_whitespace(chunk.column("transaction_id").combine_chunks())
-        return self._first.repeat_of(ids, chunk.column("row").to_numpy())
+        rows = chunk.column("row").to_numpy()
+        repeat_of = self._first.repeat_of(ids, rows)
+        present = pc.fill_null(pc.greater(pc.binary_length(ids), 0), False).to_numpy(zero_copy_only=False)
+        first = np.flatnonzero((repeat_of == 0) & present)
+        strings = ids.take(pa.array(first))
+        hashes, _ = FirstOccurrences.hashes(strings.to_numpy(zero_copy_only=False))
+        self._ids.append(pa.table([pa.array(rows[first]), strings], schema=IDS_SCHEMA))
+        self._hashes.append(hashes)
+        if self._ledger is not None:
+            held = first[self._ledger.might_contain(hashes)]
+            repeat_of[held] = rows[held]
+        return repeat_of
 
 
 @dataclass

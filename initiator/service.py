@@ -33,6 +33,7 @@ from shared.settings import Settings
 from shared.submissions import mark_taken
 
 from .debatch import Cut, Debatch
+from .ledger_filter import SharedFilter
 from .pipe import BlockPipe
 
 log = logging.getLogger(__name__)
@@ -77,6 +78,7 @@ class Initiator(Service):
         _map_large_allocations()
         self.claim_check = ClaimCheck(storage, container=settings.work_container, limit=settings.max_message_bytes)
         self.references = ReferenceStore(storage, container=settings.reference_container)
+        self.ledger = SharedFilter(storage, container=settings.work_container, bits=settings.ledger_filter_bits)
         self._sends = asyncio.Semaphore(settings.max_concurrent_sends)
         # Files are cut on one thread of their own: allocations spread over many threads keep a malloc
         # arena of freed memory each, which kept the peak RSS far higher.
@@ -122,7 +124,8 @@ class Initiator(Service):
             # The processors rate with them: a batch whose reference data is missing or invalid is refused now.
             load_price_book(await self.references.get(PRICEBOOK, request.pricebook_hash))
             load_tax_table(await self.references.get(TAXES, request.taxes_hash))
-            debatch = Debatch(work_item_size=self.settings.work_item_size)
+            debatch = Debatch(work_item_size=self.settings.work_item_size, ledger=await self.ledger.load())
+            marked = self.ledger.serial
             async with self._cuts(request, debatch) as cuts:
                 await self._enqueue(request, cuts, phases)
         except InputError as exc:
@@ -130,7 +133,8 @@ class Initiator(Service):
                 raise
             log.warning("batch %s refused: %s", request.batch_id, exc)
             return await self._report(request, None, phases, refused=str(exc))
-        return await self._report(request, debatch, phases)
+        merged = await self.ledger.merge(debatch.hashes())
+        return await self._report(request, debatch, phases, serials=(marked, merged))
 
     @asynccontextmanager
     async def _cuts(self, request: BatchRequest, debatch: Debatch) -> AsyncIterator[Iterator[Cut]]:
@@ -226,7 +230,13 @@ class Initiator(Service):
         await asyncio.to_thread(self._cutter.shutdown)
 
     async def _report(
-        self, request: BatchRequest, debatch: Debatch | None, phases: _Phases, *, refused: str | None = None
+        self,
+        request: BatchRequest,
+        debatch: Debatch | None,
+        phases: _Phases,
+        *,
+        refused: str | None = None,
+        serials: tuple[int, int] | None = None,
     ) -> Manifest:
         manifest = Manifest(
             batch_id=request.batch_id,
@@ -241,6 +251,9 @@ class Initiator(Service):
             first_item_sent_at=phases.first_item_sent_at,
             last_item_sent_at=phases.last_item_sent_at,
             debatched_at=phases.debatched_at,
+            filter_serial=None if serials is None else serials[0],
+            id_serial=None if serials is None else serials[1],
+            ids=debatch.ids() if debatch else None,
         )
         envelope = manifest_envelope(manifest)
         await self.claim_check.send(

@@ -29,6 +29,8 @@ from .rules.schemas import HELD_SCHEMA, PARTIAL_SCHEMA, REJECT_SCHEMA
 REQUEST, WORK, RESULTS, MANIFEST, POISONED = "request", "work", "results", "manifest", "poisoned"
 #: The rows of a text work item's part that repeat an earlier row's transaction id: its payload.
 REPEATS_SCHEMA = pa.schema([("row", pa.int64()), ("repeat_of", pa.int64())])
+#: A batch's transaction ids for the ledger: each id's first occurrence (1-based data row) and the id, stripped.
+IDS_SCHEMA = pa.schema([("row", pa.int64()), ("transaction_id", pa.string())])
 T = TypeVar("T")
 _log = logging.getLogger(__name__)
 
@@ -79,6 +81,11 @@ class Manifest:
     first_item_sent_at: datetime | None = None
     last_item_sent_at: datetime | None = None
     debatched_at: datetime | None = None  # the whole file read, every work item sent
+    # The ledger's id filter (see store.ids): the merges it held when this batch was debatched, and the
+    # merge that added this batch's ids (None: no filter was used, as before the ledger kept ids).
+    filter_serial: int | None = None
+    id_serial: int | None = None
+    ids: pa.Table | None = None  # IDS_SCHEMA: the payload; None for a refused batch
 
     #: The fields that are datetimes on the wire (ISO 8601 text).
     TIMES = ("accepted_at", "uploaded_at", "first_item_sent_at", "last_item_sent_at", "debatched_at")
@@ -280,11 +287,19 @@ def work_items_named(kind: str, headers: dict[str, Any]) -> list[tuple[str, str]
 
 
 def manifest_envelope(manifest: Manifest) -> Envelope:
-    return Envelope(MANIFEST, _with_times(manifest.__dict__, Manifest.TIMES))
+    """A manifest; its ids (when it has them) are the payload."""
+    headers = {name: value for name, value in manifest.__dict__.items() if name != "ids"}
+    payload = b"" if manifest.ids is None else encode_table(manifest.ids)
+    return Envelope(MANIFEST, _with_times(headers, Manifest.TIMES), payload)
 
 
 def parse_manifest(envelope: Envelope) -> Manifest:
-    return _build(Manifest, _read_times(_expect(envelope, MANIFEST), Manifest.TIMES))
+    fields = _read_times(_expect(envelope, MANIFEST), Manifest.TIMES)
+    if envelope.payload:
+        fields["ids"] = _decode(envelope.payload)
+        if fields["ids"].schema != IDS_SCHEMA:
+            raise PoisonMessage("bad_payload", "the manifest's ids do not have the expected schema")
+    return _build(Manifest, fields)
 
 
 def _with_times(fields: dict[str, Any], names: tuple[str, ...]) -> dict[str, Any]:

@@ -55,6 +55,9 @@ class Settings(BaseSettings):
     # processor reads (a message of a few hundred bytes); "message" carries the rows as read in the message,
     # as a Parquet file's do (the naive design's way: benchmark only).
     work_item_rows: Literal["inbox", "message"] = "inbox"
+    # The ledger's id filter (initiator/ledger_filter.py): its size in bits, a power of two, fixed when the
+    # filter is first written; 12 bits an id keep false candidates near 1 % (docs/configuration.md).
+    ledger_filter_bits: int = Field(default=1 << 24, ge=64)
     max_message_bytes: int = Field(default=64 * 1024, ge=1024)
     max_file_bytes: int = Field(default=50 * 1024**3, ge=1)  # a batch file larger than this is refused
     # A complete batch's claim-check blobs are deleted this long after it completed (the controller

@@ -70,6 +70,8 @@ class BatchStatus:
     #: The batch's number in acceptance order (None until accepted; never for a refused batch).
     seq: int | None = None
     voided_at: datetime | None = None
+    #: Its counted rows of a period closed before it completed, per period (see :mod:`store.ledger`).
+    late: dict[str, int] = field(default_factory=dict, hash=False)
 
     @property
     def voided(self) -> bool:
@@ -157,6 +159,8 @@ def fill_from_manifest(row: dict[str, Any], manifest: Manifest) -> None:
         first_item_sent_at=manifest.first_item_sent_at,
         last_item_sent_at=manifest.last_item_sent_at,
         debatched_at=manifest.debatched_at,
+        filter_serial=manifest.filter_serial,
+        id_serial=manifest.id_serial,
     )
 
 
@@ -209,7 +213,7 @@ def accounted(engine: sa.Engine, batch_ids: Iterable[str]) -> set[str]:
     return found
 
 
-def status(row: sa.RowMapping) -> BatchStatus:
-    """A batch row as a :class:`BatchStatus`."""
-    values = {f.name: row[f.name] for f in dataclasses.fields(BatchStatus)}
-    return BatchStatus(**{**values, "state": BatchState(values["state"])})
+def status(row: sa.RowMapping, late: Mapping[str, int] | None = None) -> BatchStatus:
+    """A batch row as a :class:`BatchStatus`, with its late rows per period."""
+    values = {f.name: row[f.name] for f in dataclasses.fields(BatchStatus) if f.name != "late"}
+    return BatchStatus(**{**values, "state": BatchState(values["state"]), "late": dict(late or {})})

@@ -38,18 +38,20 @@ from .batches import (
 from .cache import FoldCache, Written, stamp
 from .engine import open_engine, writing
 from .fold import AGGREGATE_KEY, AGGREGATE_VALUES, SUMMED, fold, partials, sql_values
+from .ids import Verdict, decide, forget_uncounted, record_ids, release, waiting_batches
 from .items import (
     CHUNK,
     chunks,
     forget_counts,
     fresh_token,
+    held_firsts,
     insert_held,
     insert_rejects,
     insert_work_items,
     recorded_work_items,
     resolve_held,
 )
-from .ledger import number_batches
+from .ledger import late, number_batches, record_late
 from .schema import batches, work_items
 
 #: Sets a fold's sums on SQLite, binding the canonical decimal text Arrow wrote (no conversion per value).
@@ -141,12 +143,12 @@ class Store:
         The partials of all new work items are added up in Arrow and written with one upsert statement.
         """
         incoming = _Incoming.of(manifests, results, poisoned)
-        if not incoming.batch_ids:
+        if not incoming.batch_ids and not self.waiting():
             return ApplyOutcome(new_items=0, duplicate_items=0)
         now = datetime.now(UTC)
         try:
             with writing(self._engine) as conn:
-                rows = lock_batches(conn, incoming.batch_ids, now)
+                rows = lock_batches(conn, sorted({*incoming.batch_ids, *waiting_batches(conn)}), now)
                 before = {batch_id: dict(row) for batch_id, row in rows.items()}
                 _take_manifests(conn, rows, incoming.manifests.values())
                 recorded = _record_work_items(conn, rows, incoming, now)
@@ -154,9 +156,11 @@ class Store:
                 for batch_id, made in (requests or {}).items():
                     rows[batch_id]["requests"] += made
                 settling = {batch_id: state for batch_id, row in rows.items() if (state := next_state(row))}
-                kept = [(b, resolve_held(conn, rows[b])) for b, s in settling.items() if s == BatchState.complete]
-                added = partials([(r.batch_id, r.partials) for r in counted] + kept)
+                kept = _complete(conn, rows, settling)
+                still = [r for r in counted if rows[r.batch_id]["refused_reason"] is None]
+                added = partials([(r.batch_id, r.partials) for r in still] + kept)
                 merged = self._merge_aggregates(conn, added, rows, before)
+                record_late(conn, [b for b, s in settling.items() if s == BatchState.complete])
                 completed, failed = _write_batches(conn, rows, before, settling, now)
         except BaseException:
             self._folds.drop(incoming.batch_ids)  # rolled back, or committed maybe: read again
@@ -205,6 +209,12 @@ class Store:
             conn.exec_driver_sql(_SQLITE_UPSERT, chunk)
         return merged
 
+    def waiting(self) -> list[str]:
+        """Batches whose work items are all recorded, waiting for an earlier batch they share ids with (an
+        ``apply``, even of nothing, decides those it can)."""
+        with self._engine.connect() as conn:
+            return waiting_batches(conn)
+
     def mark_claims_deleted(self, batch_id: str) -> None:
         """Record that ``batch_id``'s claim-check blobs are gone."""
         with writing(self._engine) as conn:
@@ -217,12 +227,13 @@ class Store:
         """One batch's status, or None if nothing is known about it yet."""
         with self._engine.connect() as conn:
             row = conn.execute(sa.select(batches).where(batches.c.batch_id == batch_id)).mappings().first()
-        return None if row is None else status(row)
+            return None if row is None else status(row, late(conn, [batch_id]).get(batch_id))
 
     def batches(self) -> list[BatchStatus]:
         """Every batch, oldest accepted first (batches still waiting for their manifest last)."""
         with self._engine.connect() as conn:
-            found = [status(row) for row in conn.execute(sa.select(batches)).mappings()]
+            rows, of_batches = conn.execute(sa.select(batches)).mappings().all(), late(conn)
+        found = [status(row, of_batches.get(row["batch_id"])) for row in rows]
         return sorted(found, key=lambda s: (s.accepted_at is None, s.accepted_at or s.updated_at, s.batch_id))
 
     def claims_to_delete(self, settled_before: datetime) -> list[str]:
@@ -277,7 +288,7 @@ class _Recorded:
 def _take_manifests(conn: sa.Connection, rows: Mapping[str, dict[str, Any]], manifests: Iterable[Manifest]) -> None:
     """Fill each batch's row from its manifest unless it has one already; a refused batch forgets its counts, an
     accepted one gets its sequence number (:mod:`store.ledger`)."""
-    accepted = []
+    accepted = {}
     for manifest in manifests:
         row = rows[manifest.batch_id]
         if row["work_items"] is None:
@@ -285,8 +296,39 @@ def _take_manifests(conn: sa.Connection, rows: Mapping[str, dict[str, Any]], man
             if manifest.refused is not None:
                 forget_counts(conn, row)
             else:
-                accepted.append(row)
-    number_batches(conn, accepted)
+                accepted[manifest.batch_id] = manifest
+    number_batches(conn, [rows[batch_id] for batch_id in accepted])
+    for batch_id, manifest in accepted.items():
+        rows[batch_id]["id_segment"] = record_ids(conn, rows[batch_id]["seq"], manifest.ids)
+
+
+def _complete(
+    conn: sa.Connection, rows: Mapping[str, dict[str, Any]], settling: dict[str, BatchState]
+) -> list[tuple[str, pa.Table]]:
+    """Decide the held rows of the batches about to complete, in sequence order, with the ledger's ids
+    (:mod:`store.ids`): a batch that must wait for an earlier one leaves ``settling``, one the ledger refuses
+    settles ``refused`` and counts nothing. The partials of the held rows counted are returned."""
+    kept = []
+    settled: dict[int, str] = {}
+    completing = [b for b, state in settling.items() if state == BatchState.complete]
+    for batch_id in sorted(completing, key=lambda b: rows[b]["seq"] or 0):
+        row = rows[batch_id]
+        firsts = held_firsts(conn, batch_id)
+        verdict = decide(conn, row, firsts, settled) if row["seq"] is not None else Verdict()
+        if verdict.wait_for is not None:
+            del settling[batch_id]
+        elif verdict.refused is not None:
+            row["refused_reason"] = verdict.refused
+            forget_counts(conn, row)
+            release(conn, row)
+            settling[batch_id] = settled[row["seq"]] = BatchState.refused
+        else:
+            counted, kept_firsts = resolve_held(conn, row, verdict.taken)
+            forget_uncounted(conn, row, kept_firsts)
+            kept.append((batch_id, counted))
+            if row["seq"] is not None:
+                settled[row["seq"]] = BatchState.complete
+    return kept
 
 
 def _record_work_items(

@@ -9,7 +9,8 @@ usage went away, e.g. a batch voided) after that; a line per product whose chang
 batches whose rows changed it. Documents are numbered 1, 2, 3, … across the whole ledger from the gap-free
 counter ``document_number`` (:func:`store.ledger.take_numbers`), within one close in ``(account_id,
 currency)`` order by code point. Closes are serialised: a PostgreSQL advisory lock held to the end of the
-transaction, ``BEGIN IMMEDIATE`` on SQLite. Nothing ever updates or deletes a document.
+transaction, ``BEGIN IMMEDIATE`` on SQLite. Nothing ever updates or deletes a document. A close records its period
+as closed (:func:`store.ledger.mark_closed`): rows of it counted later are late.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from . import schema
 from .batches import BatchState
 from .engine import writing
 from .items import CHUNK, chunks
-from .ledger import LedgerError, take_numbers
+from .ledger import CLOSE_LOCK, LedgerError, mark_closed, take_numbers
 from .queries import PERIOD_PATTERN
 from .schema import EXACT, aggregates, batches, document_batches, document_lines
 
@@ -39,7 +40,6 @@ KINDS: tuple[Kind, ...] = ("invoice", "adjustment")
 #: The counter of document numbers.
 DOCUMENT_NUMBER = "document_number"
 MEASURES = ("transactions", "quantity", "net", "tax", "total")
-_CLOSE_LOCK = 0x6C656467  # PostgreSQL advisory lock key of closes ("ledg")
 
 #: (account_id, currency, product, batch_id)
 _Key = tuple[str, str, str, str]
@@ -162,8 +162,8 @@ class Difference:
 
 @dataclass(frozen=True)
 class Period:
-    """A billing period with billed rows or documents: ``closed`` once it has a document; ``pending`` is what
-    its next close would issue (for a period never closed, everything billed)."""
+    """A billing period with billed rows or documents: ``closed`` from its first close on (even one that issued
+    nothing); ``pending`` is what its next close would issue (for a period never closed, everything billed)."""
 
     period: str
     closed: bool
@@ -204,7 +204,8 @@ def close(engine: sa.Engine, period: str, *, now: datetime | None = None) -> lis
     first, last = period_days(period, now.date())
     with writing(engine) as conn:
         if conn.dialect.name == "postgresql":
-            conn.execute(sa.select(sa.func.pg_advisory_xact_lock(_CLOSE_LOCK)))
+            conn.execute(sa.select(sa.func.pg_advisory_xact_lock(CLOSE_LOCK)))
+        mark_closed(conn, period, now)
         differences, changes = _differences(conn, period, first, last)
         if not differences:
             return []
@@ -239,10 +240,12 @@ def periods(engine: sa.Engine, only: str | None = None) -> list[Period]:
     found = []
     with engine.connect() as conn:
         counts = {row[0]: int(row[1]) for row in conn.execute(issued)}
+        closed = set(conn.execute(sa.select(schema.closed_periods.c.period)).scalars())
         names = {day.strftime("%Y-%m") for day in conn.execute(billed_days).scalars()} | counts.keys()
+        names |= closed if only is None else closed & {only}
         for name in sorted(names, reverse=True):
             differences = _differences(conn, name, *period_days(name, date.max))[0]
-            found.append(Period(name, name in counts, counts.get(name, 0), tuple(differences)))
+            found.append(Period(name, name in closed, counts.get(name, 0), tuple(differences)))
     return found
 
 

@@ -83,13 +83,19 @@ def insert_held(conn: sa.Connection, tables: Iterable[tuple[str, pa.Table]]) -> 
         conn.execute(sa.insert(held), chunk)
 
 
-def resolve_held(conn: sa.Connection, row: dict[str, Any]) -> pa.Table:
-    """As a batch completes, every row of it validated: decide its held rows (:func:`keep_first`), reject the
-    duplicates, count the rest; the partials of those counted (``PARTIAL_SCHEMA``) are returned."""
+def held_firsts(conn: sa.Connection, batch_id: str) -> list[int]:
+    """The first occurrences (rows) a batch's held rows repeat."""
+    return list(conn.scalars(sa.select(held.c.repeat_of).where(held.c.batch_id == batch_id).distinct()))
+
+
+def resolve_held(conn: sa.Connection, row: dict[str, Any], taken: set[int]) -> tuple[pa.Table, list[int]]:
+    """As a batch completes, every row of it validated: decide its held rows (:func:`keep_first`; ``taken``: the
+    first occurrences whose id an earlier batch counted), reject the duplicates, count the rest; the partials of
+    those counted (``PARTIAL_SCHEMA``) and the first occurrences they repeat are returned."""
     batch_id = row["batch_id"]
     found = conn.execute(sa.select(held).where(held.c.batch_id == batch_id).order_by(held.c.row)).mappings().all()
     if not found:
-        return PARTIAL_SCHEMA.empty_table()
+        return PARTIAL_SCHEMA.empty_table(), []
     numbers = np.array([record["row"] for record in found], np.int64)
     repeat_of = np.array([record["repeat_of"] for record in found], np.int64)
     firsts = sorted(set(repeat_of.tolist()))
@@ -97,7 +103,7 @@ def resolve_held(conn: sa.Connection, row: dict[str, Any]) -> pa.Table:
     rejected = [
         number for chunk in chunks(firsts, CHUNK) for number in conn.scalars(query.where(rejects.c.row.in_(chunk)))
     ]
-    kept = keep_first(numbers, repeat_of, np.array(rejected, np.int64))
+    kept = keep_first(numbers, repeat_of, np.array(rejected, np.int64), np.isin(repeat_of, list(taken)))
     duplicates = [
         {"row": record["row"], "reason": "duplicate_transaction_id", "raw": record["raw"]}
         for record, keep in zip(found, kept, strict=True)
@@ -111,4 +117,4 @@ def resolve_held(conn: sa.Connection, row: dict[str, Any]) -> pa.Table:
         for record, keep in zip(found, kept, strict=True)
         if keep
     ]
-    return pa.Table.from_pylist(counted, schema=PARTIAL_SCHEMA)
+    return pa.Table.from_pylist(counted, schema=PARTIAL_SCHEMA), repeat_of[kept].tolist()

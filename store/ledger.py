@@ -2,17 +2,26 @@
 
 - **Sequence numbers.** A batch is numbered when the controller records its manifest, in the same
   transaction, from the gap-free counter ``batch_seq`` (table ``counters``): 1, 2, 3, … in the order the
-  manifests are recorded (within one transaction by acceptance time, then id); a refused batch gets none.
+  manifests are recorded (within one transaction in the order their ids went into the id filter, then by
+  acceptance time, then id); a refused batch gets none.
   The counter's row is updated before it is read, so concurrent transactions take numbers one after the
   other (PostgreSQL's row lock; SQLite's ``BEGIN IMMEDIATE``) and a rolled back one gives its numbers back.
-- **Voiding** (:func:`void`): a ``complete`` batch is marked voided. Its aggregates stay stored, but it
-  counts nowhere any more (:mod:`store.queries` leaves it out of every report, query and invoice). An unknown,
+- **Voiding** (:func:`void`): a ``complete`` batch is marked voided and its transaction ids are released for
+  later batches (:mod:`store.ids`). Its aggregates stay stored, but it counts nowhere any more
+  (:mod:`store.queries` leaves it out of every report, query and invoice). An unknown,
   incomplete or already voided batch is refused with :class:`LedgerError` and nothing changes.
+- **Late rows** (:func:`record_late`): a counted row is late when its period had been closed (table
+  ``closed_periods``, :func:`mark_closed`) before its batch completed; they are counted per batch and period
+  in the transaction that completes the batch (table ``late_rows``) and billed by the period's next close. A
+  completion and a close never interleave: on PostgreSQL the completion holds the closes' advisory lock
+  shared, so it sees every close committed before it and a close sees every completion committed before it
+  (SQLite's ``BEGIN IMMEDIATE`` serialises them anyway).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -22,10 +31,12 @@ from shared.errors import InputError
 
 from .batches import BatchState, BatchStatus, status
 from .engine import writing
-from .schema import batches, counters
+from .schema import aggregates, batches, closed_periods, counters, late_rows, ledger_ids
 
 #: The counter of batch sequence numbers.
 BATCH_SEQ = "batch_seq"
+#: PostgreSQL advisory lock key of closes ("ledg"): exclusive in a close, shared in a batch's completion.
+CLOSE_LOCK = 0x6C656467
 
 
 class LedgerError(InputError):
@@ -50,8 +61,18 @@ def take_numbers(conn: sa.Connection, counter: str, count: int) -> int:
 
 def number_batches(conn: sa.Connection, rows: Iterable[dict[str, Any]]) -> None:
     """Give each batch row (just accepted: its manifest recorded, not refused) the next sequence numbers, in
-    acceptance order (then by id)."""
-    accepted = sorted(rows, key=lambda row: (row["accepted_at"] is None, row["accepted_at"] or 0, row["batch_id"]))
+    the order the initiators merged their ids into the id filter (:mod:`store.ids`), then in acceptance order
+    (then by id)."""
+    accepted = sorted(
+        rows,
+        key=lambda row: (
+            row.get("id_serial") is None,
+            row.get("id_serial") or 0,
+            row["accepted_at"] is None,
+            row["accepted_at"] or 0,
+            row["batch_id"],
+        ),
+    )
     if not accepted:
         return
     first = take_numbers(conn, BATCH_SEQ, len(accepted))
@@ -74,5 +95,49 @@ def void(engine: sa.Engine, batch_id: str, *, now: datetime | None = None) -> Ba
         if row["state"] != BatchState.complete:
             raise LedgerError(f"batch {batch_id} is {row['state']}, not complete: only a complete batch can be voided")
         conn.execute(sa.update(batches).where(batches.c.batch_id == batch_id).values(voided_at=now))
+        released = sa.delete(ledger_ids).where(ledger_ids.c.segment == row["id_segment"])
+        conn.execute(released.where(ledger_ids.c.batch_seq == row["seq"]))  # its ids (store.ids)
         row = conn.execute(sa.select(batches).where(batches.c.batch_id == batch_id)).mappings().one()
-    return status(row)
+        return status(row, late(conn, [batch_id]).get(batch_id))
+
+
+def mark_closed(conn: sa.Connection, period: str, now: datetime) -> None:
+    """Record that ``period`` is closed (from its first close on), in the closing transaction."""
+    known = sa.select(closed_periods.c.period).where(closed_periods.c.period == period)
+    if conn.execute(known).first() is None:
+        conn.execute(sa.insert(closed_periods).values(period=period, closed_at=now))
+
+
+def record_late(conn: sa.Connection, completed: Sequence[str]) -> None:
+    """Record the late rows of the batches completing in this transaction (their aggregates written): per
+    period closed by now, the batch's counted rows of it."""
+    if not completed:
+        return
+    if conn.dialect.name == "postgresql":
+        conn.execute(sa.select(sa.func.pg_advisory_xact_lock_shared(CLOSE_LOCK)))
+    closed = set(conn.execute(sa.select(closed_periods.c.period)).scalars())
+    if not closed:
+        return
+    per_day = (
+        sa.select(aggregates.c.batch_id, aggregates.c.billing_day, sa.func.sum(aggregates.c.transactions))
+        .where(aggregates.c.batch_id.in_(sorted(completed)))
+        .group_by(aggregates.c.batch_id, aggregates.c.billing_day)
+    )
+    late: dict[tuple[str, str], int] = defaultdict(int)
+    for batch_id, day, transactions in conn.execute(per_day):
+        if (period := day.strftime("%Y-%m")) in closed:
+            late[batch_id, period] += int(transactions)
+    rows = [{"batch_id": b, "period": p, "rows": n} for (b, p), n in sorted(late.items()) if n]
+    if rows:
+        conn.execute(sa.insert(late_rows), rows)
+
+
+def late(conn: sa.Connection, batch_ids: Sequence[str] | None = None) -> dict[str, dict[str, int]]:
+    """The late rows of batches (None: of every batch), per batch and period; batches without any left out."""
+    query = sa.select(late_rows).order_by(late_rows.c.batch_id, late_rows.c.period)
+    if batch_ids is not None:
+        query = query.where(late_rows.c.batch_id.in_(sorted(batch_ids)))
+    found: dict[str, dict[str, int]] = defaultdict(dict)
+    for row in conn.execute(query):
+        found[row.batch_id][row.period] = int(row.rows)
+    return dict(found)

@@ -134,6 +134,11 @@ batches = sa.Table(
     # never for a refused batch), and when it was voided (then it counts nowhere; its aggregates stay).
     sa.Column("seq", sa.BigInteger, nullable=True),
     sa.Column("voided_at", UTCDateTime(), nullable=True),
+    # The ledger's id filter when the batch was debatched (store.ids): the merges it held, and the one that
+    # added the batch's ids (None for batches from before the ledger kept ids).
+    sa.Column("filter_serial", sa.BigInteger, nullable=True),
+    sa.Column("id_serial", sa.BigInteger, nullable=True),
+    sa.Column("id_segment", sa.BigInteger, nullable=True),  # the segment of ledger_ids holding its ids
 )
 
 
@@ -193,6 +198,23 @@ counters = sa.Table(
     sa.Column("value", sa.BigInteger, nullable=False),
 )
 
+#: Periods closed (store.documents): a period is closed from its first close on, whatever that close issued.
+closed_periods = sa.Table(
+    "closed_periods",
+    metadata,
+    sa.Column("period", sa.String(7), primary_key=True),
+    sa.Column("closed_at", UTCDateTime(), nullable=False),
+)
+
+#: A batch's late rows (store.ledger): its counted rows of a period that had been closed before it completed.
+late_rows = sa.Table(
+    "late_rows",
+    metadata,
+    sa.Column("batch_id", sa.String(255), primary_key=True),
+    sa.Column("period", sa.String(7), primary_key=True),
+    sa.Column("rows", sa.BigInteger, nullable=False),
+)
+
 #: Every work item ever recorded (the idempotency key); ``poison_reason`` set when it was poisoned instead.
 work_items = sa.Table(
     "work_items",
@@ -239,6 +261,23 @@ held = sa.Table(
     sa.Column("product", sa.String(255), nullable=False),
     sa.Column("billing_day", sa.Date, nullable=False),
     *_sums(),
+)
+
+#: The ledger's transaction ids (store.ids): each accepted batch's ids, one row per id's first occurrence,
+#: from its manifest; at its completion those it did not count are deleted, when voided all of them. The key
+#: starts with the segment, so that a batch's ids go into the current segment only (all of them into one: a
+#: batch's ids are found by its segment and seq); ``id_hash`` (the id's signed 64-bit hash) finds an id's rows
+#: in every segment, ``transaction_id`` tells two ids of one hash apart
+#: (text of any length: an id too long to be valid is recorded too, and deleted when its row is rejected).
+ledger_ids = sa.Table(
+    "ledger_ids",
+    metadata,
+    sa.Column("segment", sa.BigInteger, primary_key=True, autoincrement=False),
+    sa.Column("id_hash", sa.BigInteger, primary_key=True, autoincrement=False),
+    sa.Column("batch_seq", sa.BigInteger, primary_key=True, autoincrement=False),
+    sa.Column("row", sa.BigInteger, primary_key=True, autoincrement=False),
+    sa.Column("transaction_id", sa.Text, nullable=False),
+    sqlite_with_rowid=False,
 )
 
 # The cross-batch report filters (store.queries; migration 0005).

@@ -64,7 +64,7 @@ class DocumentOut(DifferenceOut):
 
 class PeriodOut(BaseModel):
     period: str
-    state: Literal["open", "closed"] = Field(description="closed once a close issued a document of it")
+    state: Literal["open", "closed"] = Field(description="closed from its first close on")
     documents: int
     pending: list[DifferenceOut] = Field(description="what closing it now would issue")
 

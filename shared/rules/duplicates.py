@@ -9,7 +9,9 @@ anywhere. So the rule is decided in two cheap steps around validation, which can
    the row of its id's first occurrence, or 0 for a first occurrence.
 2. :func:`keep_first`, once every row is validated (the controller): of the otherwise valid rows that
    repeat an id (held back until then), the first of each id is kept when the id's first occurrence was
-   rejected; every other one is a duplicate.
+   rejected; every other one is a duplicate. A first occurrence whose id may have been counted in an earlier
+   batch is held too, as a repeat of itself (``repeat_of`` its own row; see :mod:`store.ids`), and kept
+   unless the ledger has its id.
 
 A first occurrence that is otherwise valid is counted at once, as are rows whose id does not repeat.
 """
@@ -159,14 +161,19 @@ def _empty_run(size: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return np.empty(size, dtype=np.uint64), np.empty(size, dtype=np.uint32), np.empty(size, dtype=np.uint32)
 
 
-def keep_first(rows: np.ndarray, repeat_of: np.ndarray, rejected: np.ndarray) -> np.ndarray:
-    """Which held rows are kept: per first occurrence (``repeat_of``), the earliest held row when that
-    first occurrence is among the ``rejected`` rows; every other held row is a duplicate."""
+def keep_first(
+    rows: np.ndarray, repeat_of: np.ndarray, rejected: np.ndarray, taken: np.ndarray | None = None
+) -> np.ndarray:
+    """Which held rows are kept: per first occurrence (``repeat_of``), the earliest held row when that first
+    occurrence is among the ``rejected`` rows or is that held row itself (held as a candidate for an id of an
+    earlier batch), unless its id is ``taken`` (bool per row: counted in an earlier batch); every other held
+    row is a duplicate."""
     kept = np.zeros(len(rows), dtype=bool)
     if not len(rows):
         return kept
     order = np.lexsort((rows, repeat_of))
     firsts = repeat_of[order]
     earliest = order[np.flatnonzero(np.r_[True, firsts[1:] != firsts[:-1]])]
-    kept[earliest] = np.isin(repeat_of[earliest], rejected)
+    free = np.isin(repeat_of[earliest], rejected) | (rows[earliest] == repeat_of[earliest])
+    kept[earliest] = free if taken is None else free & ~taken[earliest]
     return kept

@@ -10,16 +10,14 @@ from decimal import Decimal
 
 import pytest
 import sqlalchemy as sa
-from alembic import command
-from alembic.config import Config
 
-from store import MIGRATIONS, SCHEMA_REVISION, Store, queries, reports
+from store import SCHEMA_REVISION, Store, queries, reports
 from store.documents import close
-from store.engine import writing
 from store.ledger import AlreadyVoided, LedgerError, void
 from store.queries import Filters
 from store.schema import aggregates
 from support.records import manifest, partial, result
+from support.revisions import at_revision
 
 T0 = datetime(2026, 3, 5, 12, 0, tzinfo=UTC)
 
@@ -125,17 +123,8 @@ def test_void_refuses_unknown_incomplete_and_voided_batches_and_changes_nothing(
     assert store.batches() == snapshot
 
 
-def _at_revision(url: str, revision: str) -> None:
-    """Migrate an empty store to ``revision`` (not the newest), as a store made by that code."""
-    config = Config()
-    config.set_main_option("script_location", str(MIGRATIONS))
-    with Store(url, migrate=False) as store, writing(store.engine) as conn:
-        config.attributes["connection"] = conn
-        command.upgrade(config, revision)
-
-
 def test_a_store_made_before_the_ledger_upgrades_in_place_and_is_used(sql_url: str) -> None:
-    _at_revision(sql_url, "0007")
+    at_revision(sql_url, "0007")
     engine = sa.create_engine(sql_url)
     batches = sa.Table("batches", sa.MetaData(), autoload_with=engine)
     stored_aggregates = sa.Table("aggregates", sa.MetaData(), autoload_with=engine)

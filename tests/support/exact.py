@@ -36,14 +36,17 @@ def read_raw(path: Path) -> list[dict[str, Any]]:
     return pq.read_table(path).to_pylist()
 
 
-def expected(rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
-    """Aggregates, invoices and rejects as the report JSON should show them."""
+def expected(
+    rows: list[dict[str, Any]], taken: set[str] | frozenset[str] = frozenset()
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
+    """Aggregates, invoices and rejects as the report JSON should show them (``taken``: ids counted in earlier
+    batches of the ledger)."""
     prices = model.read_prices(sample_price_book_bytes().decode())
     rates = model.read_rates(sample_tax_table_bytes().decode())
     aggregates: dict[tuple[str, ...], dict[str, Any]] = {}
     invoices: dict[tuple[str, ...], dict[str, int]] = defaultdict(lambda: {"net": 0, "tax": 0, "total": 0})
     rejects = []
-    for number, result in enumerate(model.check_batch(rows, prices, rates), start=1):
+    for number, result in enumerate(model.check_batch(rows, prices, rates, taken), start=1):
         if isinstance(result, str):
             rejects.append({"row": number, "reason": result})
             continue
@@ -79,10 +82,10 @@ def report(kind: str, batch_id: str) -> list[dict[str, Any]]:
     return json.loads(billing("report", kind, "--batch", batch_id, "--format", "json").stdout)
 
 
-def assert_batch_exact(batch_id: str, path: Path) -> None:
+def assert_batch_exact(batch_id: str, path: Path, taken: set[str] | frozenset[str] = frozenset()) -> None:
     """Batch ``batch_id`` (submitted from ``path``) is complete, nothing poisoned, every row counted once,
-    and its aggregates and invoices equal the reference model's."""
-    aggregates, invoices, rejects = expected(read_raw(path))
+    and its aggregates and invoices equal the reference model's (``taken``: ids counted in earlier batches)."""
+    aggregates, invoices, rejects = expected(read_raw(path), taken)
     status = json.loads(billing("status", batch_id, "--json").stdout)
     assert status["state"] == "complete", status
     assert status["poisoned_items"] == 0

@@ -1,0 +1,245 @@
+"""The ledger's transaction ids: an id counted in a batch of lower sequence number, not voided, is a
+``duplicate_transaction_id`` in a later one (``docs/billing-rules.md``; ``docs/architecture.md``, "Transaction ids
+across batches").
+
+- **Where they live.** ``ledger_ids`` keeps, per accepted batch, each id's first occurrence: recorded with the
+  batch's manifest (:func:`record_ids`), in the current *segment* of :data:`SEGMENT_ROWS` ids (the key starts
+  with it, so a batch's inserts stay in one part of the index however large the ledger), sorted by hash; the
+  batch row names that segment (``id_segment``), where its ids are found by its seq. When
+  the batch completes, the ids it did not count are deleted (:func:`forget_uncounted`); a void deletes all of
+  its ids (:mod:`store.ledger`).
+- **Who is checked.** The initiator marks the first occurrences the id filter may hold; they are held and
+  decided here, exactly, against every earlier batch (:func:`decide`): an id counted in a complete earlier
+  batch is taken; one in an earlier batch still running makes this batch wait for it.
+- **What the filter could not hold.** An earlier batch whose ids were merged into the filter after this one
+  was marked (two initiators at once) is compared with this batch id by id: if they share an id this batch
+  counted unchecked, the batch is refused (nothing of it counts; submit it again under a new id).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import sqlalchemy as sa
+
+from shared.rules.duplicates import FirstOccurrences
+
+from .batches import BatchState
+from .items import CHUNK, chunks
+from .ledger import take_numbers
+from .schema import batches, counters, held, ledger_ids, rejects
+
+#: Ids a segment takes before the next one starts.
+SEGMENT_ROWS = 1 << 20
+#: The counter of ids recorded (what fills the segments).
+IDS = "ledger_ids"
+_INSERT_ROWS = 100_000
+#: Rows of one batch named per statement that reads its segment (each such statement scans the segment).
+_SCAN_ROWS = 30_000
+_COLUMNS = "segment, id_hash, batch_seq, row, transaction_id"
+_PG_INSERT = sa.text(
+    f"INSERT INTO ledger_ids ({_COLUMNS}) SELECT :segment, h, s, r, t FROM unnest("
+    "CAST(:hashes AS bigint[]), CAST(:seqs AS bigint[]), CAST(:rows AS bigint[]), CAST(:ids AS text[]))"
+    " AS u(h, s, r, t)"
+)
+
+
+@dataclass
+class Verdict:
+    """What the ledger says of a batch about to complete: the earlier batch it waits for, or why it is
+    refused, or the first occurrences (rows) whose id an earlier batch counted."""
+
+    wait_for: str | None = None
+    refused: str | None = None
+    taken: set[int] = field(default_factory=set)
+
+
+def id_hashes(ids: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """Each id's signed 64-bit hash, as ``ledger_ids.id_hash`` keeps it (the filter's hash); a slice of ids at a
+    time, so that only so many Python strings exist at once."""
+    parts = [np.empty(0, np.uint64)]
+    for start in range(0, len(ids), _INSERT_ROWS):
+        parts.append(FirstOccurrences.hashes(ids[start : start + _INSERT_ROWS].to_numpy(zero_copy_only=False))[0])
+    return np.concatenate(parts).view(np.int64)
+
+
+def record_ids(conn: sa.Connection, seq: int, ids: pa.Table | None) -> int | None:
+    """Record batch ``seq``'s ids (``IDS_SCHEMA``) in the current segment, in hash order; the segment is
+    returned (None when there are no ids)."""
+    if ids is None or not ids.num_rows:
+        return None
+    segment = (take_numbers(conn, IDS, ids.num_rows) - 1) // SEGMENT_ROWS
+    seqs = np.full(ids.num_rows, seq, np.int64)
+    insert_ids(conn, segment, id_hashes(ids["transaction_id"]), seqs, ids["row"].to_numpy(), ids["transaction_id"])
+    return segment
+
+
+def insert_ids(
+    conn: sa.Connection,
+    segment: int,
+    hashes: np.ndarray,
+    seqs: np.ndarray,
+    rows: np.ndarray,
+    ids: pa.Array | pa.ChunkedArray,
+) -> None:
+    """Insert ids (each with its batch's seq and its row there) into ``segment``, sorted by hash first (also the
+    benchmark's bulk load)."""
+    order = np.argsort(hashes, kind="stable")
+    texts = ids.take(pa.array(order))
+    for start in range(0, len(order), _INSERT_ROWS):
+        at = order[start : start + _INSERT_ROWS]
+        of_part = (hashes[at].tolist(), seqs[at].tolist(), rows[at].tolist())
+        strings = texts[start : start + _INSERT_ROWS].to_pylist()
+        if conn.dialect.name == "postgresql":
+            values = dict(zip(("hashes", "seqs", "rows", "ids"), (*of_part, strings), strict=True))
+            conn.execute(_PG_INSERT, {"segment": segment, **values})
+        else:
+            records = [(segment, h, s, r, t) for h, s, r, t in zip(*of_part, strings, strict=True)]
+            conn.exec_driver_sql(f"INSERT INTO ledger_ids ({_COLUMNS}) VALUES (?, ?, ?, ?, ?)", records)
+
+
+def waiting_batches(conn: sa.Connection) -> list[str]:
+    """Batches whose work items are all recorded but that are not complete: those waiting for an earlier one."""
+    query = sa.select(batches.c.batch_id).where(
+        batches.c.state == BatchState.processing.value,
+        batches.c.work_items.is_not(None),
+        batches.c.refused_reason.is_(None),
+        batches.c.poisoned_items == 0,
+        batches.c.completed_items >= batches.c.work_items,
+    )
+    return list(conn.scalars(query))
+
+
+def decide(conn: sa.Connection, row: Mapping[str, Any], firsts: Sequence[int], settled: Mapping[int, str]) -> Verdict:
+    """The ledger's verdict on batch ``row`` (its ``seq`` set), whose held rows repeat the first occurrences
+    ``firsts``; ``settled`` maps the seq of batches settled earlier in this transaction to their new state."""
+    seq = row["seq"]
+    unfiltered = _unfiltered(conn, row)
+    hits = _earlier_rows(conn, seq, _own_ids(conn, row, firsts))
+
+    def state(hit: _Hit) -> str:
+        return settled.get(hit.batch_seq, hit.state)
+
+    running = [hit for hit in unfiltered + hits if state(hit) == BatchState.processing]
+    if running:
+        return Verdict(wait_for=min(running, key=lambda hit: hit.batch_seq).batch_id)
+    for other in unfiltered:
+        shared = set(_shared_rows(conn, row, other)) - _marked(conn, row) if state(other) == "complete" else ()
+        if shared:
+            return Verdict(
+                refused=f"shares {len(shared)} transaction ids with batch {other.batch_id}, debatched at the same "
+                "time, that this batch could not check: submit it again under a new batch id"
+            )
+    return Verdict(taken={hit.row for hit in hits if state(hit) == BatchState.complete})
+
+
+def forget_uncounted(conn: sa.Connection, row: Mapping[str, Any], kept_firsts: Iterable[int]) -> None:
+    """Delete the ids batch ``row`` did not count: of its rejected rows, those whose id no kept row counts."""
+    rejected = set(conn.scalars(sa.select(rejects.c.row).where(rejects.c.batch_id == row["batch_id"])))
+    delete = sa.delete(ledger_ids).where(*_of_batch(ledger_ids, row["id_segment"], row["seq"]))
+    for chunk in chunks(sorted(rejected - set(kept_firsts)), _SCAN_ROWS):
+        conn.execute(delete.where(ledger_ids.c.row.in_(chunk)))
+
+
+def release(conn: sa.Connection, row: Mapping[str, Any]) -> None:
+    """Delete every id of batch ``row`` (refused): later batches may count them."""
+    conn.execute(sa.delete(ledger_ids).where(*_of_batch(ledger_ids, row["id_segment"], row["seq"])))
+
+
+def _of_batch(table: sa.FromClause, segment: int | None, seq: int) -> tuple[sa.ColumnElement[bool], ...]:
+    """The rows of ``table`` (``ledger_ids`` or an alias) that hold batch ``seq``'s ids, in its ``segment``."""
+    return table.c.segment == segment, table.c.batch_seq == seq
+
+
+@dataclass(frozen=True)
+class _Hit:
+    """An earlier batch (and, for an id found there, the row of this batch whose id it holds)."""
+
+    batch_id: str
+    batch_seq: int
+    state: str
+    row: int = 0
+    segment: int | None = None
+
+
+def _unfiltered(conn: sa.Connection, row: Mapping[str, Any]) -> list[_Hit]:
+    """Earlier batches, not voided, complete or running, whose ids the filter did not hold when ``row``'s
+    batch was marked (all earlier batches with ids, when no filter was used)."""
+    query = sa.select(batches.c.batch_id, batches.c.seq, batches.c.state, batches.c.id_segment).where(
+        batches.c.seq < row["seq"],
+        batches.c.voided_at.is_(None),
+        batches.c.id_serial.is_not(None),
+        batches.c.state.in_((BatchState.processing.value, BatchState.complete.value)),
+        batches.c.refused_reason.is_(None),
+    )
+    if row["filter_serial"] is not None:
+        query = query.where(batches.c.id_serial > row["filter_serial"])
+    return [_Hit(r.batch_id, r.seq, r.state, segment=r.id_segment) for r in conn.execute(query)]
+
+
+def _marked(conn: sa.Connection, row: Mapping[str, Any]) -> set[int]:
+    """The rows of ``row``'s batch the filter marked (held as repeats of themselves): checked here, exactly. A
+    first occurrence that only a later row of its batch repeats was counted unchecked."""
+    query = sa.select(held.c.row).where(held.c.batch_id == row["batch_id"], held.c.row == held.c.repeat_of)
+    return set(conn.scalars(query))
+
+
+def _own_ids(conn: sa.Connection, row: Mapping[str, Any], firsts: Sequence[int]) -> dict[int, tuple[int, str]]:
+    """Row → (hash, id) of batch ``row``'s first occurrences ``firsts``."""
+    query = sa.select(ledger_ids.c.row, ledger_ids.c.id_hash, ledger_ids.c.transaction_id).where(
+        *_of_batch(ledger_ids, row["id_segment"], row["seq"])
+    )
+    found = {}
+    for chunk in chunks(sorted(firsts), _SCAN_ROWS):
+        found.update(
+            {r.row: (r.id_hash, r.transaction_id) for r in conn.execute(query.where(ledger_ids.c.row.in_(chunk)))}
+        )
+    return found
+
+
+def _segments(conn: sa.Connection) -> list[int]:
+    """Every segment that may hold ids."""
+    recorded = conn.scalar(sa.select(counters.c.value).where(counters.c.name == IDS)) or 0
+    return list(range(max(recorded - 1, 0) // SEGMENT_ROWS + 1))
+
+
+def _earlier_rows(conn: sa.Connection, seq: int, own: Mapping[int, tuple[int, str]]) -> list[_Hit]:
+    """For each of ``own`` (row → hash, id), the earlier batches, not voided, holding the same id."""
+    if not own:
+        return []
+    by_id: dict[tuple[int, str], list[int]] = {}
+    for number, key in own.items():
+        by_id.setdefault(key, []).append(number)
+    query = (
+        sa.select(ledger_ids.c.id_hash, ledger_ids.c.transaction_id, batches.c.batch_id, batches.c.seq, batches.c.state)
+        .join(batches, batches.c.seq == ledger_ids.c.batch_seq)
+        .where(ledger_ids.c.segment.in_(_segments(conn)), ledger_ids.c.batch_seq < seq, batches.c.voided_at.is_(None))
+    )
+    hits = []
+    for chunk in chunks(sorted({h for h, _ in by_id}), CHUNK):
+        for r in conn.execute(query.where(ledger_ids.c.id_hash.in_(chunk))):
+            for number in by_id.get((r.id_hash, r.transaction_id), ()):  # the real id, not only its hash
+                hits.append(_Hit(r.batch_id, r.seq, r.state, number))
+    return hits
+
+
+def _shared_rows(conn: sa.Connection, row: Mapping[str, Any], other: _Hit) -> list[int]:
+    """Rows of batch ``row`` whose id batch ``other`` holds too."""
+    mine, theirs = ledger_ids.alias("mine"), ledger_ids.alias("theirs")
+    query = (
+        sa.select(mine.c.row)
+        .join(
+            theirs,
+            sa.and_(
+                *_of_batch(theirs, other.segment, other.batch_seq),
+                theirs.c.id_hash == mine.c.id_hash,
+                theirs.c.transaction_id == mine.c.transaction_id,
+            ),
+        )
+        .where(*_of_batch(mine, row["id_segment"], row["seq"]))
+    )
+    return list(conn.scalars(query))

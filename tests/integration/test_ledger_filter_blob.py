@@ -1,0 +1,33 @@
+"""The id filter as initiators share it, on Azurite: merges by two initiators at once both land (conditional
+writes), each with its own serial; a reader sees every merge; the size is the first writer's."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+
+from initiator.ledger_filter import SharedFilter
+from shared.messaging.storage import Storage
+from shared.settings import Settings
+
+
+def _hashes(seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 2**64, 1000, dtype=np.uint64)
+
+
+async def test_two_initiators_merging_at_once_both_land_with_serials_in_order(
+    storage: Storage, settings_env: Settings
+) -> None:
+    first, second = (SharedFilter(storage, container=settings_env.work_container, bits=1 << 16) for _ in range(2))
+    empty = await first.load()
+    await second.load()
+    assert first.serial == 0 and not empty.might_contain(_hashes(1)).any()
+    serials = await asyncio.gather(first.merge(_hashes(1)), second.merge(_hashes(2)))
+    assert sorted(serials) == [1, 2]
+    reader = SharedFilter(storage, container=settings_env.work_container, bits=1 << 20)
+    seen = await reader.load()
+    assert reader.serial == 2 and seen.bits == 1 << 16  # the size the blob was first written with
+    assert seen.might_contain(np.concatenate([_hashes(1), _hashes(2)])).all()
+    assert await first.merge(_hashes(3)) == 3  # its copy was stale: read again, merged
+    assert (await second.load()).might_contain(_hashes(3)).all() and second.serial == 3

@@ -1,0 +1,159 @@
+"""Transaction ids across batches, through the roles' code in this process (the initiator's cut and marking with
+the id filter, the processors' rating) and the real store on SQLite and PostgreSQL: every batch's counts and
+aggregates equal to the reference model's, which counts each id once across the batches in sequence order."""
+
+from __future__ import annotations
+
+import csv
+import io
+from collections.abc import Iterator
+from decimal import Decimal
+
+import numpy as np
+import pyarrow as pa
+import pytest
+import sqlalchemy as sa
+
+from benchmarks.ledger import Cut, InProcess, apply
+from benchmarks.reference_model import Ledger, Row, read_prices, read_rates
+from billing.sample import sample_price_book_bytes, sample_tax_table_bytes
+from store import BatchState, Store, reports
+from store.engine import writing
+from store.ids import id_hashes
+from store.ledger import void
+from store.schema import ledger_ids
+
+HEADER = ("transaction_id", "account_id", "timestamp", "product", "quantity", "region")
+
+
+@pytest.fixture
+def store(sql_url: str) -> Iterator[Store]:
+    with Store(sql_url) as opened:
+        yield opened
+
+
+def _rows(ids: list[str], *, account: str = "acct-1", quantity: str = "2") -> list[dict[str, str | None]]:
+    return [
+        {
+            "transaction_id": i,
+            "account_id": account,
+            "timestamp": "2026-03-02T09:15:00Z",
+            "product": "compute.vcpu-hour",
+        }
+        | {"quantity": quantity, "region": ""}
+        for i in ids
+    ]
+
+
+def _csv(rows: list[dict[str, str | None]]) -> bytes:
+    out = io.StringIO()
+    writer = csv.DictWriter(out, HEADER, lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(rows)
+    return out.getvalue().encode()
+
+
+def _model() -> Ledger:
+    return Ledger(read_prices(sample_price_book_bytes().decode()), read_rates(sample_tax_table_bytes().decode()))
+
+
+def _check(store: Store, batch_id: str, fates: list[Row | str], model: Ledger) -> None:
+    """The stored batch counts the rows the model counts, with the same duplicates, quantity and totals."""
+    status = store.batch(batch_id)
+    assert status is not None and status.state == BatchState.complete
+    counted = [f for f in fates if isinstance(f, Row)]
+    assert counted, "the batch must count rows for the comparison to mean something"
+    assert (status.accepted, status.rejected) == (len(counted), len(fates) - len(counted))
+    stored = reports.rejects(store, batch_id)
+    duplicates = sorted(int(r) for r in stored[stored["reason"] == "duplicate_transaction_id"]["row"])
+    assert duplicates == [n for n, f in enumerate(fates, start=1) if f == "duplicate_transaction_id"]
+    aggregates = reports.aggregates(store, batch_id)
+    quantity = sum((Decimal(str(q)) for q in aggregates["quantity"]), Decimal(0))
+    assert quantity == sum((r.quantity for r in counted), Decimal(0))
+    assert sum(int(t) for t in aggregates["total"]) == sum(rated.total for _, rated in model.rated[batch_id])
+
+
+def _run(store: Store, shared: InProcess, model: Ledger, batch_id: str, rows: list[dict[str, str | None]]) -> Cut:
+    cut = shared.cut(batch_id, _csv(rows))
+    apply(store, cut)
+    _check(store, batch_id, model.batch(batch_id, rows), model)
+    return cut
+
+
+def test_an_overlapping_batch_counts_only_new_ids_and_a_void_releases_them(store: Store) -> None:
+    shared, model = InProcess(bits=1 << 16), _model()
+    first = _rows([f"t{i}" for i in range(200)])
+    first[5]["quantity"] = "1e3"  # invalid: t5 is not counted by the first batch
+    first[7]["transaction_id"] = "t" * 70  # too long to be an id: rejected, and no trouble to the ledger
+    _run(store, shared, model, "first", first)
+    # A re-export of part of the first, new ids, a repeat inside the batch, the invalid id valid now.
+    second = _rows([f"t{i}" for i in range(150, 260)] + ["t5", "t170", "n1", "n1"], quantity="3")
+    cut = _run(store, shared, model, "second", second)
+    assert sum(r.held.num_rows for r in cut.results) >= 51  # every shared id held for the exact check
+    void(store.engine, "first")
+    model.void("first")
+    third = _rows([f"t{i}" for i in range(0, 40)] + ["t160", "n1"], quantity="5")
+    _run(store, shared, model, "third", third)  # the first's ids count again; the second's do not
+
+
+def test_a_batch_waits_for_an_earlier_batch_still_running_that_shares_its_ids(store: Store) -> None:
+    shared, model = InProcess(bits=1 << 16), _model()
+    early, late = _rows([f"a{i}" for i in range(100)]), _rows([f"a{i}" for i in range(50, 120)], quantity="7")
+    first = shared.cut("early", _csv(early))
+    second = shared.cut("late", _csv(late))  # marked with the first's ids merged
+    store.apply([first.manifest, second.manifest], [])
+    outcome = store.apply([], second.results)
+    assert outcome.completed_batches == [] and store.batch("late").state == BatchState.processing  # type: ignore[union-attr]
+    outcome = store.apply([], first.results)
+    assert outcome.completed_batches == ["early", "late"]
+    _check(store, "early", model.batch("early", early), model)
+    _check(store, "late", model.batch("late", late), model)
+
+
+def test_a_batch_that_shares_no_id_with_a_running_batch_does_not_wait(store: Store) -> None:
+    shared = InProcess(bits=1 << 16)
+    first = shared.cut("one", _csv(_rows([f"x{i}" for i in range(100)])))
+    second = shared.cut("two", _csv(_rows([f"y{i}" for i in range(100)])))
+    store.apply([first.manifest, second.manifest], [])
+    assert store.apply([], second.results).completed_batches == ["two"]
+
+
+def test_ids_the_filter_could_not_hold_refuse_the_later_batch(store: Store) -> None:
+    shared, model = InProcess(bits=1 << 16), _model()
+    marked = InProcess(bits=1 << 16).filter  # what both initiators read before either merged
+    one, two = _rows([f"c{i}" for i in range(60)]), _rows([f"c{i}" for i in range(30, 90)])
+    first = shared.cut("one", _csv(one), marked_with=marked)
+    second = shared.cut("two", _csv(two), marked_with=marked)
+    assert first.manifest.filter_serial == 0 and second.manifest.filter_serial == 1
+    second = Cut(_manifest(second, filter_serial=0), second.results)
+    store.apply([first.manifest, second.manifest], [])
+    assert store.apply([], second.results).completed_batches == []  # waits for "one", which it could not check
+    store.apply([], first.results)
+    status = store.batch("two")
+    assert status is not None and status.state == BatchState.refused and "one" in (status.refused_reason or "")
+    assert status.accepted == 0 and reports.aggregates(store, "two").empty
+    _check(store, "one", model.batch("one", one), model)
+    third = shared.cut("three", _csv(two))  # submitted again: checked, its shared ids duplicates
+    apply(store, third)
+    _check(store, "three", model.batch("three", two), model)
+
+
+def test_a_hash_shared_by_two_ids_never_rejects_a_row(store: Store) -> None:
+    shared, model = InProcess(bits=1 << 16), _model()
+    _run(store, shared, model, "first", _rows(["k1", "k2"]))
+    # Another id of the same 64-bit hash as "fresh", billed earlier: the filter holds it, the ledger has the hash.
+    fresh = id_hashes(pa.array(["fresh"]))
+    shared.filter.add(fresh.view(np.uint64))
+    with writing(store.engine) as conn:
+        conn.execute(
+            sa.insert(ledger_ids),
+            [{"segment": 0, "id_hash": int(fresh[0]), "batch_seq": 1, "row": 99, "transaction_id": "not-fresh"}],
+        )
+    cut = _run(store, shared, model, "second", _rows(["fresh", "k1"]))
+    assert sum(r.held.num_rows for r in cut.results) == 2
+
+
+def _manifest(cut: Cut, **changes: object) -> object:
+    from shared.protocol import Manifest
+
+    return Manifest(**{**cut.manifest.__dict__, **changes})

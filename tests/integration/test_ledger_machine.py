@@ -1,0 +1,249 @@
+"""The ledger under random sequences of submit / finish / void / close, on SQLite and PostgreSQL, against the
+reference model (hypothesis's ``RuleBasedStateMachine``).
+
+Batches are small CSV files whose rows share transaction ids and fall in two periods (one by a time zone
+offset); each is cut, marked with the ledger's id filter and rated the roles' way (:class:`benchmarks.ledger.
+InProcess`) and recorded through the real store, its manifest and its result in any order, so a batch may still
+be running during a close, or wait for an earlier batch that shares its ids, or be refused for sharing ids with a
+batch marked at the same time (its manifest recorded first). The model is told of each batch that completes, in
+sequence order. After
+every step: issued documents unchanged, numbers gap-free, every batch's late rows as the model's, every period's
+counted rows in the live totals at once; after every close: its documents as the model's, and for every
+account, currency and product the sum of the period's documents' lines equal to a fresh computation."""
+
+from __future__ import annotations
+
+import csv
+import io
+from collections import defaultdict
+from datetime import UTC, datetime
+from decimal import Decimal
+from typing import Any, ClassVar
+
+import pytest
+from hypothesis import HealthCheck, event, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule, run_state_machine_as_test
+
+from benchmarks import reference_model as model
+from benchmarks.ledger import Cut, InProcess
+from billing.sample import sample_price_book_bytes, sample_tax_table_bytes
+from shared.protocol import Manifest, WorkItemResult
+from store import BatchState, Store, queries, schema
+from store.documents import Document, close, documents
+from store.engine import writing
+from store.ledger import LedgerError, void
+from store.queries import Filters
+
+PRICES = model.read_prices(sample_price_book_bytes().decode())
+RATES = model.read_rates(sample_tax_table_bytes().decode())
+PERIODS = ("2026-02", "2026-03")
+NOW = datetime(2026, 4, 10, 9, 0, tzinfo=UTC)
+FIELDS = ("transaction_id", "account_id", "timestamp", "product", "quantity", "region")
+
+ROW = st.fixed_dictionaries(
+    {
+        "transaction_id": st.sampled_from([f"t{i}" for i in range(6)]),
+        "account_id": st.sampled_from(["acct-a", "Acct-b"]),
+        "timestamp": st.sampled_from(
+            ["2026-02-27T10:00:00Z", "2026-03-02T09:30:00.5Z", "2026-03-01T00:30:00+02:00", "2026-03-31T23:00:00Z"]
+        ),
+        "product": st.sampled_from(["compute.vcpu-hour", "storage.gb-month", "transfer.jp-gb"]),  # USD, EUR, JPY
+        "quantity": st.sampled_from(["1", "2.5", "0.000001", "30", "-1"]),  # the last one rejected
+        "region": st.sampled_from(["", "DE", "JP"]),
+    }
+)
+
+
+class LedgerMachine(RuleBasedStateMachine):
+    """One empty ledger per example; ``url`` names the database (emptied first)."""
+
+    url: ClassVar[str]
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.store = Store(self.url)
+        with writing(self.store.engine) as conn:
+            for table in reversed(schema.metadata.sorted_tables):
+                conn.execute(table.delete())
+        self.roles = InProcess(bits=1 << 12)
+        self.ledger = model.Ledger(PRICES, RATES)
+        self.files: dict[str, list[dict[str, str | None]]] = {}
+        self.results: dict[str, list[WorkItemResult]] = {}
+        self.unapplied: dict[str, list[Manifest | WorkItemResult]] = {}  # what a running batch still waits for
+        self.issued: list[dict[str, Any]] = []
+
+    def teardown(self) -> None:
+        self.store.close()
+
+    @rule(rows=st.lists(ROW, min_size=1, max_size=5), how=st.sampled_from(["whole", "manifest", "result"]))
+    def submit(self, rows: list[dict[str, str | None]], how: str) -> None:
+        """A new batch, recorded whole, or only its manifest, or only its result (the rest by ``finish``)."""
+        batch_id = f"b{len(self.files) + 1}"
+        cut = self.roles.cut(batch_id, _csv(rows))
+        self.files[batch_id], self.results[batch_id] = rows, cut.results
+        self.unapplied[batch_id] = [cut.manifest, *cut.results]
+        self._record(batch_id, {"whole": None, "manifest": 1, "result": -1}[how])
+
+    @precondition(lambda self: self.unapplied)
+    @rule(data=st.data())
+    def finish(self, data: st.DataObject) -> None:
+        """What a running batch still waits for arrives (with a redelivered copy of a result at times)."""
+        batch_id = data.draw(st.sampled_from(sorted(self.unapplied)))
+        self._record(batch_id, None, again=data.draw(st.booleans()))
+
+    @precondition(lambda self: self.files)
+    @rule(data=st.data())
+    def void(self, data: st.DataObject) -> None:
+        """Void a batch: done when it is complete and not voided, refused with nothing changed otherwise."""
+        batch_id = data.draw(st.sampled_from(sorted(self.files)))
+        if batch_id in self.ledger.rated and batch_id not in self.ledger.voided:
+            assert void(self.store.engine, batch_id).voided
+            self.ledger.void(batch_id)
+            return
+        before = self.store.batches()
+        with pytest.raises(LedgerError):
+            void(self.store.engine, batch_id)
+        assert self.store.batches() == before
+
+    @precondition(lambda self: self.files)
+    @rule(period=st.sampled_from(PERIODS))
+    def close(self, period: str) -> None:
+        """Close a period: the model's documents, and the lines of all its documents add up to a fresh
+        computation of what is counted now."""
+        expected = self.ledger.close(period)
+        issued = close(self.store.engine, period, now=NOW)
+        assert [_as_model(d) for d in issued] == expected
+        event("close", ",".join(sorted({d.kind for d in issued})) or "nothing issued")
+        assert _line_sums(documents(self.store.engine, period=period)) == self._fresh(period)
+
+    @invariant()
+    def issued_documents_never_change_and_numbers_have_no_gap(self) -> None:
+        found = [d.to_json_dict() for d in documents(self.store.engine)]
+        assert found[: len(self.issued)] == self.issued
+        assert [d["number"] for d in found] == list(range(1, len(found) + 1))
+        self.issued = found
+
+    @invariant()
+    def rows_are_counted_at_once_and_late_as_the_model_says(self) -> None:
+        complete = {s.batch_id: s.late for s in self.store.batches() if s.state == BatchState.complete}
+        assert complete == {b: self.ledger.late[b] for b in self.ledger.rated}
+        for period in PERIODS:
+            rows = queries.totals(self.store, ("account_id", "product"), Filters(period=period)).rows
+            live = {(r["account_id"], r["currency"], r["product"]): _measures(r) for r in rows}
+            assert live == self._fresh(period)
+
+    def _record(self, batch_id: str, count: int | None, *, again: bool = False) -> None:
+        """Apply the next ``count`` (None: all, negative: all but the first ``-count``) of what the batch waits
+        for, its manifest first; ``again`` adds a copy of a result applied before."""
+        waiting = self.unapplied[batch_id]
+        if count is not None and count < 0:
+            now, later = waiting[-count:], waiting[:-count]
+        else:
+            now, later = waiting[:count], waiting[len(waiting) if count is None else count :]
+        manifests = [m for m in now if isinstance(m, Manifest)]
+        results = [r for r in now if isinstance(r, WorkItemResult)]
+        applied_before = [r for r in self.results[batch_id] if all(r is not w for w in waiting)]
+        if again and applied_before:
+            results.append(applied_before[0])
+        outcome = self.store.apply(manifests, results)
+        if later:
+            self.unapplied[batch_id] = later
+            assert batch_id not in outcome.completed_batches
+        else:
+            del self.unapplied[batch_id]
+        statuses = self.store.batches()
+        for status in statuses:  # only the ledger refuses here: a batch sharing ids it could not check
+            if status.state == BatchState.refused:
+                assert "could not check" in (status.refused_reason or "") and status.batch_id not in self.ledger.rated
+        seqs = {status.batch_id: status.seq or 0 for status in statuses}
+        for completed in sorted(outcome.completed_batches, key=seqs.__getitem__):
+            self.ledger.batch(completed, self.files[completed])
+            event("batch completed", "with late rows" if self.ledger.late[completed] else "none late")
+
+    def _fresh(self, period: str) -> dict[tuple[str, str, str], tuple[int, Decimal, int, int, int]]:
+        """The period's counted rows of the complete, not voided batches, summed afresh per account, currency
+        and product, from the model's rows."""
+        sums: dict[tuple[str, str, str], list[Any]] = defaultdict(lambda: [0, Decimal(0), 0, 0, 0])
+        for batch_id, rows in self.ledger.rated.items():
+            if batch_id in self.ledger.voided:
+                continue
+            for row, rated_row in rows:
+                if rated_row.billing_day[:7] == period:
+                    key = (row.account_id, rated_row.currency, row.product)
+                    for i, value in enumerate((1, row.quantity, rated_row.net, rated_row.tax, rated_row.total)):
+                        sums[key][i] += value
+        return {key: (int(s[0]), s[1], int(s[2]), int(s[3]), int(s[4])) for key, s in sums.items()}
+
+
+def _csv(rows: list[dict[str, str | None]]) -> bytes:
+    text = io.StringIO()
+    writer = csv.DictWriter(text, FIELDS)
+    writer.writeheader()
+    writer.writerows(rows)
+    return text.getvalue().encode()
+
+
+def _measures(found: dict[str, Any]) -> tuple[int, Decimal, int, int, int]:
+    return (
+        int(found["transactions"]),
+        Decimal(found["quantity"]),
+        int(found["net"]),
+        int(found["tax"]),
+        int(found["total"]),
+    )
+
+
+def _line_sums(docs: list[Document]) -> dict[tuple[str, str, str], tuple[int, Decimal, int, int, int]]:
+    """The documents' lines summed per account, currency and product (those that do not sum to nothing)."""
+    sums: dict[tuple[str, str, str], Any] = defaultdict(lambda: (0, Decimal(0), 0, 0, 0))
+    for doc in docs:
+        for line in doc.lines:
+            key = (doc.account_id, doc.currency, line.product)
+            sums[key] = tuple(a + b for a, b in zip(sums[key], _measures(line.sums.values()), strict=True))
+    return {key: s for key, s in sums.items() if any(s)}
+
+
+def _as_model(doc: Document) -> dict[str, Any]:
+    """A document as the model has it: without ``issued_at``, price books and tax tables."""
+    return {k: v for k, v in doc.to_json_dict().items() if k not in ("issued_at", "pricebooks", "tax_tables")}
+
+
+def test_a_first_occurrence_repeated_in_its_batch_and_counted_unchecked_is_not_billed_twice(sql_url: str) -> None:
+    """Batch two's results arrive before its manifest, so batch three, marked after it, is numbered before it and
+    counts ``t1``; two counted its own first ``t1`` unchecked (its filter did not hold three's ids): it is refused,
+    though its second ``t1`` was held."""
+    roles = InProcess(bits=1 << 12)
+
+    def cut(batch_id: str, *ids: str) -> Cut:
+        values = ("acct-a", "2026-03-02T09:30:00Z", "compute.vcpu-hour", "1", "")
+        return roles.cut(batch_id, _csv([dict(zip(FIELDS, (i, *values), strict=True)) for i in ids]))
+
+    with Store(sql_url) as store:
+        one, two = cut("one", "t0"), cut("two", "t1", "t1")
+        store.apply([one.manifest], one.results)
+        store.apply([], two.results)
+        three = cut("three", "t1")
+        assert store.apply([three.manifest], three.results).completed_batches == ["three"]
+        store.apply([two.manifest], [])
+        status = store.batch("two")
+        assert (
+            status is not None
+            and status.state == BatchState.refused
+            and "could not check" in str(status.refused_reason)
+        )
+        assert sum(r["transactions"] for r in queries.totals(store, ("account_id",)).rows) == 2, "t0 and t1, once"
+
+
+def test_random_submits_voids_and_closes_keep_the_books_exact(sql_url: str) -> None:
+    Store(sql_url).close()  # migrated once
+    machine = type("Ledger", (LedgerMachine,), {"url": sql_url})
+    run_state_machine_as_test(
+        machine,
+        settings=settings(
+            max_examples=15,
+            stateful_step_count=20,
+            deadline=None,
+            suppress_health_check=[HealthCheck.too_slow],
+        ),
+    )

@@ -1,0 +1,112 @@
+"""Each transaction id billed once across batches, through the real roles and the ``billing`` CLI: a batch that
+re-exports part of an earlier one has those rows rejected as duplicates, a void releases the ids, batches
+submitted side by side and roles killed mid-way stay exact; every batch equal to the reference model, which
+takes the batches in their sequence order."""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from benchmarks import reference_model as model
+from billing.sample import generate, sample_price_book_bytes, sample_tax_table_bytes
+from shared.settings import Settings
+from support.exact import assert_batch_exact, billing, read_raw, report
+from support.roles import Roles
+from support.waiting import wait_until
+
+
+def _ledger() -> model.Ledger:
+    return model.Ledger(
+        model.read_prices(sample_price_book_bytes().decode()), model.read_rates(sample_tax_table_bytes().decode())
+    )
+
+
+def _write(path: Path, rows: list[dict[str, str]]) -> Path:
+    with path.open("w", newline="") as sink:
+        writer = csv.DictWriter(sink, list(rows[0]), lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(rows)
+    return path
+
+
+def _status(batch_id: str) -> dict[str, object]:
+    return dict(json.loads(billing("status", batch_id, "--json").stdout))
+
+
+def _state(batch_id: str) -> dict[str, object]:
+    """The batch's status, empty while the store knows nothing of it."""
+    done = subprocess.run(
+        [sys.executable, "-m", "billing", "status", batch_id, "--json"], capture_output=True, text=True, env=os.environ
+    )
+    return dict(json.loads(done.stdout)) if done.returncode == 0 else {}
+
+
+def _check_in_seq_order(ledger: model.Ledger, files: dict[str, Path]) -> None:
+    """Every batch exact against the model, taken in sequence order, duplicates on the same rows."""
+    for batch_id in sorted(files, key=lambda b: int(_status(b)["seq"])):  # type: ignore[call-overload]
+        taken = ledger.counted_ids()
+        fates = ledger.batch(batch_id, read_raw(files[batch_id]))
+        assert_batch_exact(batch_id, files[batch_id], taken)
+        duplicates = [r["row"] for r in report("rejects", batch_id) if r["reason"] == "duplicate_transaction_id"]
+        assert sorted(duplicates) == [n for n, f in enumerate(fates, 1) if f == "duplicate_transaction_id"]
+
+
+def _run_roles(roles: Roles) -> None:
+    for role in ("initiator", "processor", "controller"):
+        roles.burst(role)
+
+
+def test_a_re_export_is_rejected_as_duplicates_and_a_void_releases_its_ids(
+    settings_env: Settings, roles: Roles, tmp_path: Path
+) -> None:
+    generate(600, tmp_path / "first.csv", seed=61, reject_rate=0.05)
+    first = read_raw(tmp_path / "first.csv")
+    generate(200, tmp_path / "fresh.csv", seed=62, reject_rate=0.05)
+    files = {
+        "first": tmp_path / "first.csv",
+        "second": _write(tmp_path / "second.csv", first[300:] + read_raw(tmp_path / "fresh.csv")),
+    }
+    billing("reference", "set", "--sample")
+    ledger = _ledger()
+    for batch_id in files:
+        billing("submit", str(files[batch_id]), "--batch-id", batch_id)
+        _run_roles(roles)
+    _check_in_seq_order(ledger, files)
+    assert _status("second")["rejected"] >= 290  # type: ignore[operator]
+
+    billing("void", "first")
+    ledger.void("first")
+    third = {"third": _write(tmp_path / "third.csv", first[:400] + first[450:500])}
+    billing("submit", str(third["third"]), "--batch-id", "third")
+    _run_roles(roles)
+    _check_in_seq_order(ledger, third)
+    assert _status("third")["accepted"] >= 300  # type: ignore[operator]
+
+
+def test_batches_side_by_side_and_roles_killed_mid_way_stay_exact(
+    settings_env: Settings, roles: Roles, tmp_path: Path
+) -> None:
+    generate(30_000, tmp_path / "a.csv", seed=71, reject_rate=0.01)
+    rows = read_raw(tmp_path / "a.csv")
+    generate(10_000, tmp_path / "new.csv", seed=72, reject_rate=0.01)
+    paths = [
+        tmp_path / "a.csv",
+        _write(tmp_path / "b.csv", rows[10_000:] + read_raw(tmp_path / "new.csv")),
+        _write(tmp_path / "c.csv", rows[25_000:] + rows[:5_000]),
+    ]
+    files = {hashlib.sha256(path.read_bytes()).hexdigest(): path for path in paths}  # ids of files submitted together
+    billing("reference", "set", "--sample")
+    with roles.running():
+        assert roles.wait_up()
+        billing("submit", *(str(path) for path in paths))
+        assert wait_until(lambda: any(_state(b).get("completed_items") for b in files), 120, interval=0.2)
+        roles.kill_and_restart("initiator")
+        roles.kill_and_restart("controller")
+        assert wait_until(lambda: all(_state(b).get("state") == "complete" for b in files), 300, interval=0.5)
+    _check_in_seq_order(_ledger(), files)
