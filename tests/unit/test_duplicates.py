@@ -63,3 +63,10 @@ def test_keep_first_keeps_the_earliest_held_repeat_of_a_rejected_first_occurrenc
     kept = keep_first(rows, repeat_of, rejected=np.array([1, 6, 7]))
     assert kept.tolist() == [False, False, True, False, True]
     assert keep_first(np.array([], np.int64), np.array([], np.int64), np.array([1])).tolist() == []
+
+
+def test_keep_first_keeps_a_first_occurrence_held_for_the_ledger_unless_an_earlier_batch_took_its_id() -> None:
+    rows, repeat_of = np.array([3, 5, 8, 9]), np.array([3, 3, 8, 8])  # 3 and 8 held as candidates, 5 and 9 repeats
+    taken = np.array([False, False, True, True])  # 8's id was counted by an earlier batch
+    assert keep_first(rows, repeat_of, np.array([], np.int64), taken).tolist() == [True, False, False, False]
+    assert keep_first(rows, repeat_of, np.array([], np.int64)).tolist() == [True, False, True, False]
