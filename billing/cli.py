@@ -218,7 +218,7 @@ def _status_line(row: dict[str, Any]) -> str:
 
     def text(value: object) -> object:
         if isinstance(value, dict):
-            return ",".join(f"{key}:{count}" for key, count in value.items()) or "none"
+            return ",".join(f"{key}:{count}" for key, count in sorted(value.items())) or "none"
         return value
 
     return " ".join(f"{key}={text(value)}" for key, value in row.items())

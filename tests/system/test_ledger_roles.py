@@ -146,7 +146,7 @@ def late_batch_killed(settings: Settings, roles: Roles, path: Path, ledger: mode
         ledger.batch("three", read_raw(path))
     assert ledger.late["three"]["2026-02"] > 0
     assert status("three")["late"] == ledger.late["three"]
-    late_text = ",".join(f"{period}:{rows}" for period, rows in ledger.late["three"].items())
+    late_text = ",".join(f"{period}:{rows}" for period, rows in sorted(ledger.late["three"].items()))
     assert f"late={late_text}" in billing("status", "three").output
     assert as_model(documents()) == ledger.documents
 
