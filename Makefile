@@ -2,7 +2,7 @@
 PYTHON ?= python3
 NPM ?= npm
 
-.PHONY: setup demo lint test
+.PHONY: setup demo lint test test-stress
 
 setup:
 	$(PYTHON) -m pip install --quiet --disable-pip-version-check --root-user-action=ignore -e '.[test]'
@@ -24,3 +24,7 @@ test: setup lint
 	bash deploy/install-chromium.sh
 	bash deploy/install-poppler.sh
 	$(PYTHON) -m pytest
+
+# The system tests with two busy loops beside them (stopped however the run ends): see docs/testing.md.
+test-stress: setup
+	$(PYTHON) tests/support/stress.py --loops 2 tests/system

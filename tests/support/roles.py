@@ -9,6 +9,8 @@ queues. The ``roles`` fixture in ``conftest.py`` hands one to a test."""
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -17,6 +19,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from billing.demo import role_processes, start_role
 from shared.settings import Settings
@@ -69,6 +72,20 @@ class Roles:
         index = self._index(which)
         process = self.processes[index]
         return (self._home / "state" / f"{self.names[index]}-{process.pid}.json").exists()
+
+    def state(self, which: int | str) -> dict[str, Any] | None:
+        """The state file the role keeps (refreshed every few seconds), or None before its first."""
+        index = self._index(which)
+        path = self._home / "state" / f"{self.names[index]}-{self.processes[index].pid}.json"
+        with contextlib.suppress(OSError, ValueError):
+            found: dict[str, Any] = json.loads(path.read_text())
+            return found
+        return None
+
+    def polled_empty(self) -> bool:
+        """Whether every role's state file shows that each of its listeners has found its queue empty."""
+        states = [self.state(index) for index in range(len(self.processes))]
+        return all(state is not None and all(t["idle_polls"] > 0 for t in state["listeners"]) for state in states)
 
     def wait_up(self, timeout: float = STARTUP_TIMEOUT) -> bool:
         """Wait until every role still running is up; whether they all are."""

@@ -6,8 +6,8 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-import time
 from collections import Counter
+from datetime import datetime
 from pathlib import Path
 
 from pydantic import SecretStr
@@ -21,6 +21,7 @@ from support.azurite import running_azurite
 from support.exact import billing
 from support.references import sample_options
 from support.roles import Roles
+from support.waiting import wait_until
 
 # One line per request Azurite received: which service middleware, the method and the URL.
 REQUEST = re.compile(r"(Queue|Blob)StorageContextMiddleware: RequestMethod=(\w+) RequestURL=(\S+)")
@@ -48,7 +49,15 @@ def test_counted_requests_equal_what_azurite_received(settings_env: Settings, ro
             )
             with Store(settings.sql_url_value) as store:
                 status = progress.wait_for(store, "counted", timeout=120)
-            time.sleep(2.5)  # a state refresh after the last request
+            assert status is not None and status.completed_at is not None
+
+            def refreshed_since_complete() -> bool:  # every role's state written after its last request
+                states = [roles.state(index) for index in range(len(roles.processes))]
+                return all(
+                    s is not None and datetime.fromisoformat(s["updated_at"]) > status.completed_at for s in states
+                )
+
+            assert wait_until(refreshed_since_complete, 30, interval=0.2)
             live = json.loads(billing("status", "--json").stdout)
         assert status is not None and status.state == "complete"
         assert roles.returncodes == [0, 0, 0]

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-import time
 from collections.abc import Iterator
 from decimal import Decimal
 from pathlib import Path
@@ -186,7 +185,7 @@ def test_idle_roles_are_woken_by_triggers(trigger_env: Settings, roles: Roles, t
     path = tmp_path / "batch.csv"
     generate(2_000, path, seed=9)
     with roles.running(trigger_env):
-        time.sleep(3)  # every role has polled once and gone to sleep for ten minutes
+        assert wait_until(roles.polled_empty, 60, interval=0.2), "every role polls once, then sleeps ten minutes"
         billing(
             "submit", str(path), "--batch-id", "woken", "--wait", "--timeout", "120", *sample_flags(tmp_path / "ref")
         )

@@ -1,8 +1,9 @@
-"""``billing soak --minutes 3``: batches back to back (CSV, JSON Lines, Parquet; bad rows; repeated ids;
+"""``billing soak --minutes 3`` (what CI runs): batches back to back (CSV, JSON Lines, Parquet; bad rows; repeated ids;
 several billing periods) while roles are SIGKILLed, storage freezes and the fault proxy fails requests.
 The soak's own verdict must be exact and nothing lost, and its JSON must say so field by field. The soak
 waits on conditions with bounds of its own; the test bounds the whole command and stops it as on Ctrl-C
-(roles stopped, storage thawed) should it run past that."""
+(roles stopped, storage thawed) should it run past that. The checks below need at least four batches (the
+fourth reuses the third's ids) and ten faults of four kinds or more."""
 
 from __future__ import annotations
 
