@@ -5,10 +5,8 @@ from __future__ import annotations
 
 import threading
 from collections import defaultdict
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from decimal import Decimal
-from typing import Any
 
 import pytest
 
@@ -16,21 +14,10 @@ from store import Store, queries
 from store.documents import Document, close, document, documents
 from store.ledger import LedgerError, void
 from store.queries import Filters
-from support.records import manifest, partial, result
+from support.records import complete, manifest, partial, result
 
 NOW = datetime(2026, 4, 10, 9, 0, tzinfo=UTC)
 BIG = 9 * 10**18  # three of these pass 2^63
-
-
-@pytest.fixture
-def store(sql_url: str) -> Iterator[Store]:
-    with Store(sql_url) as opened:
-        yield opened
-
-
-def _complete(store: Store, batch_id: str, *rows: dict[str, Any]) -> None:
-    outcome = store.apply([manifest(batch_id)], [result(f"{batch_id}-w1", *rows, batch_id=batch_id)])
-    assert outcome.completed_batches == [batch_id]
 
 
 def _lines(docs: list[Document]) -> dict[tuple[str, str, str], list[int]]:
@@ -54,7 +41,7 @@ def _fresh(store: Store, period: str) -> dict[tuple[str, str, str], list[int]]:
 
 
 def test_a_first_close_issues_an_invoice_per_account_and_currency_in_code_point_order(store: Store) -> None:
-    _complete(
+    complete(
         store,
         "b1",
         partial("acct-b", product="CPU", net=BIG, tax=1),
@@ -89,7 +76,7 @@ def test_a_first_close_issues_an_invoice_per_account_and_currency_in_code_point_
 def test_closing_again_issues_only_what_changed_as_signed_adjustments_and_never_changes_a_document(
     store: Store,
 ) -> None:
-    _complete(store, "b1", partial("acct-1", net=100, tax=10), partial("acct-2", net=40, tax=4))
+    complete(store, "b1", partial("acct-1", net=100, tax=10), partial("acct-2", net=40, tax=4))
     store.apply(
         [manifest("running", work_items=2)], [result("running-w1", partial("acct-1", net=1, tax=0), batch_id="running")]
     )
@@ -100,7 +87,7 @@ def test_closing_again_issues_only_what_changed_as_signed_adjustments_and_never_
     assert close(store.engine, "2026-03", now=NOW) == [], "nothing changed: nothing issued"
 
     store.apply([], [result("running-w2", partial("acct-1", product="GPU", net=3, tax=0), batch_id="running")])
-    _complete(store, "b2", partial("acct-3", net=9, tax=0))
+    complete(store, "b2", partial("acct-3", net=9, tax=0))
     void(store.engine, "b1")
     second = close(store.engine, "2026-03", now=NOW)
     assert [(d.number, d.kind, d.account_id, d.net, d.tax, d.total) for d in second] == [
@@ -123,7 +110,7 @@ def test_closing_again_issues_only_what_changed_as_signed_adjustments_and_never_
 
 @pytest.mark.parametrize("period", ["2026-13", "2026-3", "26-03", "2026-03-01", "", "0000-01", "2026-05"])
 def test_a_malformed_or_future_period_is_refused_and_nothing_is_issued(store: Store, period: str) -> None:
-    _complete(store, "b1", partial("acct-1"))
+    complete(store, "b1", partial("acct-1"))
     with pytest.raises(LedgerError, match=r"YYYY-MM|future") as refused:
         close(store.engine, period, now=NOW)
     assert "\n" not in str(refused.value)
@@ -133,8 +120,8 @@ def test_a_malformed_or_future_period_is_refused_and_nothing_is_issued(store: St
 
 def test_closes_at_once_are_serialised_and_numbers_stay_gap_free(sql_url: str) -> None:
     with Store(sql_url) as store:
-        _complete(store, "b1", *(partial(f"acct-{i:02d}", net=i + 1, tax=0) for i in range(12)))
-        _complete(store, "b2", *(partial(f"acct-{i:02d}", net=i + 1, tax=0, day="2026-02-03") for i in range(12)))
+        complete(store, "b1", *(partial(f"acct-{i:02d}", net=i + 1, tax=0) for i in range(12)))
+        complete(store, "b2", *(partial(f"acct-{i:02d}", net=i + 1, tax=0, day="2026-02-03") for i in range(12)))
     issued: list[list[Document]] = []
     errors: list[BaseException] = []
 

@@ -5,9 +5,7 @@ adjustment; completions racing a close are late exactly when that close left the
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
 from datetime import UTC, datetime
-from typing import Any
 
 import pytest
 import sqlalchemy as sa
@@ -15,22 +13,11 @@ import sqlalchemy as sa
 from store import SCHEMA_REVISION, Store, queries
 from store.documents import close, documents
 from store.queries import Filters
-from support.records import manifest, partial, result
+from support.records import complete, manifest, partial, result
 from support.revisions import at_revision
 from support.waiting import wait_until
 
 NOW = datetime(2026, 4, 10, 9, 0, tzinfo=UTC)
-
-
-@pytest.fixture
-def store(sql_url: str) -> Iterator[Store]:
-    with Store(sql_url) as opened:
-        yield opened
-
-
-def _complete(store: Store, batch_id: str, *rows: dict[str, Any]) -> None:
-    outcome = store.apply([manifest(batch_id)], [result(f"{batch_id}-w1", *rows, batch_id=batch_id)])
-    assert outcome.completed_batches == [batch_id]
 
 
 def _late(store: Store, batch_id: str) -> dict[str, int]:
@@ -40,7 +27,7 @@ def _late(store: Store, batch_id: str) -> dict[str, int]:
 
 
 def test_rows_of_a_closed_period_are_counted_at_once_named_late_and_billed_by_its_next_close(store: Store) -> None:
-    _complete(store, "early", partial("acct-1", net=100, tax=10))
+    complete(store, "early", partial("acct-1", net=100, tax=10))
     store.apply(  # running during the close: its March rows are late too
         [manifest("running", work_items=2)],
         [result("running-w1", partial("acct-1", net=1, tax=0, transactions=2), batch_id="running")],
@@ -50,7 +37,7 @@ def test_rows_of_a_closed_period_are_counted_at_once_named_late_and_billed_by_it
     assert _late(store, "early") == {}
 
     store.apply([], [result("running-w2", partial("acct-2", net=5, tax=1, day="2026-04-01"), batch_id="running")])
-    _complete(
+    complete(
         store,
         "late",
         partial("acct-1", net=7, tax=1, transactions=3),
@@ -126,9 +113,9 @@ def test_a_completion_waits_for_a_close_under_way_and_is_late(sql_url: str) -> N
     """PostgreSQL only (SQLite runs one writer at a time): a close held up after reading what is billed, a batch
     completing meanwhile waits for it, then sees the period closed."""
     with Store(sql_url) as store:
-        _complete(store, "feb", partial("acct-1", day="2026-02-03"))
+        complete(store, "feb", partial("acct-1", day="2026-02-03"))
         close(store.engine, "2026-02", now=NOW)  # the counter of document numbers exists
-        _complete(store, "early", partial("acct-1"))
+        complete(store, "early", partial("acct-1"))
         store.apply([manifest("racing")], [])
         holder = store.engine.connect()
         holder.execute(sa.text("UPDATE counters SET value = value WHERE name = 'document_number'"))
@@ -161,5 +148,5 @@ def test_a_store_with_documents_upgraded_takes_their_periods_as_closed(sql_url: 
 
     with Store(sql_url) as store:  # upgrades in place
         assert store.revision() == SCHEMA_REVISION
-        _complete(store, "after", partial("acct-1", day="2026-03-09"), partial("acct-1", day="2026-04-01"))
+        complete(store, "after", partial("acct-1", day="2026-03-09"), partial("acct-1", day="2026-04-01"))
         assert _late(store, "after") == {"2026-03": 1}

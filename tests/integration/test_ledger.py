@@ -4,7 +4,6 @@ before the ledger upgraded in place, then its period closed."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
@@ -16,23 +15,10 @@ from store.documents import close
 from store.ledger import AlreadyVoided, LedgerError, void
 from store.queries import Filters
 from store.schema import aggregates
-from support.records import manifest, partial, result
+from support.records import complete, manifest, partial, result
 from support.revisions import at_revision
 
 T0 = datetime(2026, 3, 5, 12, 0, tzinfo=UTC)
-
-
-@pytest.fixture
-def store(sql_url: str) -> Iterator[Store]:
-    with Store(sql_url) as opened:
-        yield opened
-
-
-def _complete(store: Store, batch_id: str, *rows: dict[str, object], accepted_at: datetime = T0) -> None:
-    outcome = store.apply(
-        [manifest(batch_id, accepted_at=accepted_at)], [result(f"{batch_id}-w1", *rows, batch_id=batch_id)]
-    )
-    assert outcome.completed_batches == [batch_id]
 
 
 def _seqs(store: Store) -> dict[str, int | None]:
@@ -85,8 +71,8 @@ def test_concurrent_controllers_take_every_number_once(sql_url: str) -> None:
 
 
 def test_a_voided_batch_counts_nowhere_but_its_aggregates_stay(store: Store) -> None:
-    _complete(store, "kept", partial("acct-1", net=50, tax=10))
-    _complete(store, "wrong", partial("acct-1", net=700, tax=7), partial("acct-2", net=3, tax=0))
+    complete(store, "kept", partial("acct-1", net=50, tax=10))
+    complete(store, "wrong", partial("acct-1", net=700, tax=7), partial("acct-2", net=3, tax=0))
     before = queries.invoices(store)
     assert [(r["account_id"], r["net"]) for r in before.rows] == [("acct-1", 750), ("acct-2", 3)]
 
@@ -109,7 +95,7 @@ def test_a_voided_batch_counts_nowhere_but_its_aggregates_stay(store: Store) -> 
 
 def test_void_refuses_unknown_incomplete_and_voided_batches_and_changes_nothing(store: Store) -> None:
     store.apply([manifest("running", work_items=2)], [result("running-w1", batch_id="running")])
-    _complete(store, "done")
+    complete(store, "done")
     void(store.engine, "done")
     snapshot = store.batches()
     for batch_id, error, words in (
@@ -150,7 +136,7 @@ def test_a_store_made_before_the_ledger_upgrades_in_place_and_is_used(sql_url: s
         assert store.revision() == SCHEMA_REVISION
         assert _seqs(store) == {"old-a": 1, "old-b": 2, "old-refused": None}
         assert [r["net"] for r in queries.invoices(store).rows] == [33]
-        _complete(store, "new", partial("acct-1", net=5, tax=0), accepted_at=T0 + timedelta(days=1))
+        complete(store, "new", partial("acct-1", net=5, tax=0), accepted_at=T0 + timedelta(days=1))
         assert _seqs(store)["new"] == 3
         void(store.engine, "old-b")
         assert [r["net"] for r in queries.invoices(store).rows] == [16]

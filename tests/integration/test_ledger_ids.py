@@ -6,12 +6,10 @@ from __future__ import annotations
 
 import csv
 import io
-from collections.abc import Iterator
 from decimal import Decimal
 
 import numpy as np
 import pyarrow as pa
-import pytest
 import sqlalchemy as sa
 
 from benchmarks.ledger import Cut, InProcess, apply
@@ -24,12 +22,6 @@ from store.ledger import void
 from store.schema import ledger_ids
 
 HEADER = ("transaction_id", "account_id", "timestamp", "product", "quantity", "region")
-
-
-@pytest.fixture
-def store(sql_url: str) -> Iterator[Store]:
-    with Store(sql_url) as opened:
-        yield opened
 
 
 def _rows(ids: list[str], *, account: str = "acct-1", quantity: str = "2") -> list[dict[str, str | None]]:

@@ -13,7 +13,6 @@ import subprocess
 import sys
 import uuid
 from collections import defaultdict
-from collections.abc import Iterator
 from datetime import date
 from pathlib import Path
 from typing import Any
@@ -29,12 +28,6 @@ from support.benchmarks import run_benchmark
 from support.exact import expected, read_raw
 from support.records import manifest, partial, result
 from support.reports import BIG, HOSTILE, fill
-
-
-@pytest.fixture
-def store(sql_url: str) -> Iterator[Store]:
-    with Store(sql_url) as opened:
-        yield opened
 
 
 def _load_reference_batch(store: Store, batch_id: str, path: Path, *, items: int, recorded: int | None = None) -> Any:

@@ -8,7 +8,6 @@ import json
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta, timezone
 from decimal import Decimal
 from pathlib import Path
@@ -25,12 +24,6 @@ from store.schema import held
 from support.records import held_row, manifest, partial, result
 
 BIG = 9 * 10**18  # three of these pass 2^63
-
-
-@pytest.fixture
-def store(sql_url: str) -> Iterator[Store]:
-    with Store(sql_url) as opened:
-        yield opened
 
 
 def test_duplicate_delivery_changes_nothing(store: Store) -> None:

@@ -41,12 +41,6 @@ KEYS = [(account, product, day) for account in ACCOUNTS for product in CURRENCIE
 Key = tuple[str, str, str, str]  # batch_id, account_id, product, billing_day
 
 
-@pytest.fixture
-def store(sql_url: str) -> Iterator[Store]:
-    with Store(sql_url) as opened:
-        yield opened
-
-
 def partial(account: str = "acct-1", *, product: str = "CPU", **values: Any) -> dict[str, Any]:
     """:func:`support.records.partial` in the product's currency."""
     return records.partial(account, product=product, currency=CURRENCIES[product], **values)

@@ -11,6 +11,7 @@ import pyarrow as pa
 
 from shared.protocol import Manifest, WorkItemResult
 from shared.rules.schemas import HELD_SCHEMA, PARTIAL_SCHEMA, REJECT_SCHEMA
+from store import Store
 
 
 def partial(
@@ -89,3 +90,12 @@ def manifest(
         refused=refused,
         **phases,
     )
+
+
+def complete(store: Store, batch_id: str, *rows: dict[str, Any], accepted_at: datetime | None = None) -> None:
+    """Record batch ``batch_id`` whole (its manifest and one work item of ``rows``, partials as :func:`partial`
+    makes them) and check that it completed."""
+    outcome = store.apply(
+        [manifest(batch_id, accepted_at=accepted_at)], [result(f"{batch_id}-w1", *rows, batch_id=batch_id)]
+    )
+    assert outcome.completed_batches == [batch_id]

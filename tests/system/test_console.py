@@ -11,7 +11,6 @@ import asyncio
 import csv
 import io
 import os
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -22,7 +21,7 @@ from billing.sample import generate, sample_price_book_bytes
 from shared.messaging.storage import Storage, content_hash
 from shared.refstore import PRICEBOOK, ReferenceStore
 from shared.settings import Settings
-from support.browser import DESKTOP, PHONE, chromium, console_server
+from support.browser import DESKTOP, PHONE, console_server
 from support.exact import billing, expected, read_raw
 from support.references import sample_flags
 from support.roles import Roles
@@ -31,19 +30,6 @@ TOKEN = "console-test-token"
 HOSTILE_ACCOUNTS = ("<script>document.title='pwned'</script>", "\"'><img src=x onerror=\"document.title='pwned'\">")
 SECONDS = 1000  # Playwright waits in milliseconds
 expect.set_options(timeout=30 * SECONDS)  # a loaded 2-core machine: pages may take a while, never forever
-
-
-@pytest.fixture
-def browser() -> Iterator[Browser]:
-    with chromium() as opened:
-        yield opened
-
-
-@pytest.fixture
-def artifacts(tmp_path: Path) -> Path:
-    folder = Path(os.environ.get("TEST_ARTIFACTS", tmp_path)) / "console"
-    folder.mkdir(parents=True, exist_ok=True)
-    return folder
 
 
 def _server_env(settings: Settings) -> dict[str, str]:

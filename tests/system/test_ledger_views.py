@@ -12,12 +12,10 @@ import json
 import os
 import re
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
-import pytest
 from PIL import Image
 from playwright.sync_api import Browser, Page, expect
 
@@ -25,7 +23,7 @@ from benchmarks import reference_model as model
 from billing.sample import sample_price_book_bytes, sample_tax_table_bytes
 from shared.rules.reference import money
 from shared.settings import Settings
-from support.browser import DESKTOP, chromium, console_server
+from support.browser import DESKTOP, console_server
 from support.exact import billing, read_raw
 from support.roles import Roles
 from support.tools import require
@@ -45,19 +43,6 @@ LATER = HEADER + (
     "l2,acct-new,2026-03-21T08:00:00Z,sms.message,7,GB\n"
     "l3,acct-x,2026-04-02T08:00:00Z,compute.gpu-hour,1,\n"
 )
-
-
-@pytest.fixture
-def browser() -> Iterator[Browser]:
-    with chromium() as opened:
-        yield opened
-
-
-@pytest.fixture
-def artifacts(tmp_path: Path) -> Path:
-    folder = Path(os.environ.get("TEST_ARTIFACTS", tmp_path)) / "ledger"
-    folder.mkdir(parents=True, exist_ok=True)
-    return folder
 
 
 def run_roles(roles: Roles) -> None:
