@@ -23,7 +23,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
@@ -39,12 +39,13 @@ from billing.sample import generate, sample_price_book_bytes, sample_tax_table_b
 from initiator.debatch import Debatch
 from processor.jobs import rate_work_items
 from shared import inbox
-from shared.protocol import Manifest, WorkHeader, WorkItemResult, parse_results
+from shared.protocol import IdsPart, Manifest, WorkHeader, WorkItemResult, parse_results
 from shared.rules.idfilter import IdFilter
 from shared.rules.reference import load_price_book, load_tax_table
+from shared.settings import Settings
 from store import BatchState, Store
 from store.engine import writing
-from store.ids import IDS, SEGMENT_ROWS, id_hashes, insert_ids
+from store.ids import ID_KEYS, IDS, SEGMENT_ROWS, id_hashes, insert_ids
 from store.ledger import BATCH_SEQ
 from store.schema import batches, counters
 
@@ -59,6 +60,7 @@ class Cut:
 
     manifest: Manifest
     results: list[WorkItemResult]
+    ids: list[IdsPart] = field(default_factory=list)  # the ids parts sent before the manifest
 
     @property
     def held_rows(self) -> int:
@@ -70,36 +72,37 @@ class InProcess:
     """The roles' work on batches, in this process: the shared id filter (as its blob would hold it, with its
     serial), the initiator's cut, marking and merge, the processors' rating."""
 
-    def __init__(self, *, bits: int, work_item_size: int = 40_000) -> None:
+    def __init__(self, *, bits: int, work_item_size: int = 40_000, part_rows: int | None = None) -> None:
         self.filter = IdFilter(bits)
         self.serial = 0
         self.work_item_size = work_item_size
+        self.part_rows = part_rows or Settings.model_fields["ids_part_rows"].default
         self.price_book, self.tax_table = sample_price_book_bytes(), sample_tax_table_bytes()
         book, taxes = load_price_book(self.price_book), load_tax_table(self.tax_table)
         self.hashes = (book.content_hash, taxes.content_hash)
 
     def cut(self, batch_id: str, data: bytes, *, marked_with: IdFilter | None = None) -> Cut:
         """Cut, mark and rate a CSV batch (see :meth:`cut_only`)."""
-        work, manifest = self.cut_only(batch_id, data, marked_with=marked_with)
-        return Cut(manifest, self.rate(work))
+        work, manifest, ids = self.cut_only(batch_id, data, marked_with=marked_with)
+        return Cut(manifest, self.rate(work), ids)
 
     def cut_only(
         self, batch_id: str, data: bytes, *, marked_with: IdFilter | None = None
-    ) -> tuple[list[tuple[WorkHeader, bytes, bytes]], Manifest]:
+    ) -> tuple[list[tuple[WorkHeader, bytes, bytes]], Manifest, list[IdsPart]]:
         """The initiator's part: the work items (header, payload, their part's bytes) marked with
-        ``marked_with`` (a copy of the filter taken earlier) or else the filter now, and the manifest; the ids
-        merged into the filter."""
+        ``marked_with`` (a copy of the filter taken earlier) or else the filter now, the manifest and the ids parts
+        taken before it; the ids merged into the filter."""
         debatch = Debatch(work_item_size=self.work_item_size, ledger=marked_with or self.filter)
         blob, frames = inbox.in_memory(io.BytesIO(data), inbox.frame_bytes(len(data)))
-        work = [
-            (
-                WorkHeader(f"{batch_id}:{index:07d}", batch_id, *self.hashes, cut.rows, cut.part),
-                cut.payload,
-                blob[cut.part.start : cut.part.end] if cut.part else b"",
-            )
-            for index, cut in enumerate(debatch.parts(batch_id, "csv", frames, io.BytesIO(blob)))
-        ]
-        return work, self.merge(self._manifest(batch_id, debatch), debatch.hashes())
+        work: list[tuple[WorkHeader, bytes, bytes]] = []
+        parts: list[IdsPart] = []
+        for index, cut in enumerate(debatch.parts(batch_id, "csv", frames, io.BytesIO(blob))):
+            header = WorkHeader(f"{batch_id}:{index:07d}", batch_id, *self.hashes, cut.rows, cut.part)
+            work.append((header, cut.payload, blob[cut.part.start : cut.part.end] if cut.part else b""))
+            if (ids := debatch.take_ids(self.part_rows)) is not None:
+                parts.append(IdsPart(batch_id, len(parts), ids))
+        manifest = replace(self._manifest(batch_id, debatch), id_parts=len(parts))
+        return work, self.merge(manifest, debatch.hashes()), parts
 
     def rate(self, work: list[tuple[WorkHeader, bytes, bytes]]) -> list[WorkItemResult]:
         """The processors' part: each work item rated on its own."""
@@ -133,8 +136,10 @@ class InProcess:
 
 
 def apply(store: Store, cut: Cut, *, group: int = 4) -> float:
-    """The controller's part: the manifest, then the results ``group`` at a time; wall seconds."""
+    """The controller's part: the ids parts, the manifest, then the results ``group`` at a time; wall seconds."""
     started = time.perf_counter()
+    for part in cut.ids:
+        store.apply([], [], ids=[part])
     store.apply([cut.manifest], [])
     for start in range(0, len(cut.results), group):
         store.apply([], cut.results[start : start + group])
@@ -143,7 +148,7 @@ def apply(store: Store, cut: Cut, *, group: int = 4) -> float:
 
 def load_ledger(store: Store, shared: InProcess, ids: int, *, batch_rows: int = 1_000_000) -> None:
     """Fill an empty ledger with ``ids`` synthetic ids of complete batches of ``batch_rows``, each in the segment
-    the controller would have given it, sorted by hash; their bits in the filter."""
+    the controller would have given it, sorted by hash, its seq its key; their bits in the filter."""
     now = datetime.now(UTC)
     loaded = []
     with writing(store.engine) as conn:
@@ -155,8 +160,9 @@ def load_ledger(store: Store, shared: InProcess, ids: int, *, batch_rows: int = 
             shared.filter.add(hashes.view(np.uint64))
             loaded.append(_loaded_batch(f"ledger-{seq:06d}", seq, len(numbers), segment, now))
         conn.execute(sa.insert(batches), loaded)
-        conn.execute(sa.delete(counters).where(counters.c.name.in_((BATCH_SEQ, IDS))))
-        conn.execute(sa.insert(counters), [{"name": BATCH_SEQ, "value": len(loaded)}, {"name": IDS, "value": ids}])
+        conn.execute(sa.delete(counters).where(counters.c.name.in_((BATCH_SEQ, IDS, ID_KEYS))))
+        numbered = (BATCH_SEQ, len(loaded)), (IDS, ids), (ID_KEYS, len(loaded))
+        conn.execute(sa.insert(counters), [{"name": name, "value": value} for name, value in numbered])
     shared.serial = len(loaded)
 
 
@@ -179,6 +185,7 @@ def _loaded_batch(batch_id: str, seq: int, rows: int, segment: int, now: datetim
         seq=seq,
         id_serial=seq,
         id_segment=segment,
+        id_key=seq,
     )
 
 
@@ -243,17 +250,16 @@ def _initiator(source: Path, bits: int, state: Path, cut_file: Path) -> float:
     """The initiator's part (the filter read, the cut and marking, the merge); wall seconds."""
     started = time.perf_counter()
     shared = _shared(bits, state)
-    work, manifest = shared.cut_only("bench", source.read_bytes())
-    cut_file.write_bytes(pickle.dumps((work, manifest)))
+    cut_file.write_bytes(pickle.dumps(shared.cut_only("bench", source.read_bytes())))
     return time.perf_counter() - started
 
 
 def _processor(bits: int, cut_file: Path, results_file: Path) -> float:
     """The processors' part: rate every work item; wall seconds."""
-    work, manifest = pickle.loads(cut_file.read_bytes())
+    work, manifest, ids = pickle.loads(cut_file.read_bytes())
     started = time.perf_counter()
     results = InProcess(bits=64).rate(work)
-    results_file.write_bytes(pickle.dumps(Cut(manifest, results)))
+    results_file.write_bytes(pickle.dumps(Cut(manifest, results, ids)))
     return time.perf_counter() - started
 
 

@@ -29,12 +29,15 @@ from shared.messaging.storage import Storage
 from shared.messaging.syphon import add_syphon
 from shared.messaging.triggers import TriggerBus
 from shared.protocol import (
+    IDS,
     MANIFEST,
     POISONED,
+    IdsPart,
     Manifest,
     PoisonNotice,
     WorkItemResult,
     notify_controller,
+    parse_ids,
     parse_manifest,
     parse_poisoned,
     parse_results,
@@ -105,6 +108,7 @@ class Controller(Service):
         manifests: list[Manifest] = []
         results: list[WorkItemResult] = []
         notices: list[PoisonNotice] = []
+        ids: list[IdsPart] = []
         charged: list[tuple[int, list[_Carried]]] = []  # per message: its stamp, what it carries
         for message in messages:
             try:
@@ -112,6 +116,9 @@ class Controller(Service):
                 if envelope.kind == MANIFEST:
                     manifests.append(manifest := parse_manifest(envelope))
                     carried = [_Carried("apply manifest", manifest.batch_id, envelope.trace)]
+                elif envelope.kind == IDS:
+                    ids.append(part := parse_ids(envelope))
+                    carried = [_Carried("apply ids", part.batch_id, envelope.trace)]
                 elif envelope.kind == POISONED:
                     notices.append(notice := parse_poisoned(envelope))
                     carried = [_Carried("apply poison notice", notice.batch_id, envelope.trace, notice.work_item_id)]
@@ -121,7 +128,7 @@ class Controller(Service):
                 charged.append((envelope.requests, carried))
             except PoisonMessage as exc:
                 poisoned[message.id] = str(exc)
-        if manifests or results or notices:
+        if manifests or results or notices or ids:
             shares = _requests_carried(charged, own=max(0, tally.take() - sum(stamp for stamp, _ in charged)))
             requests: Counter[str] = Counter()
             spans: list[Span] = []
@@ -132,7 +139,7 @@ class Controller(Service):
                     spans.append(span := thing.start_span(count))
                     last[thing.batch_id] = span
             with telemetry.ending(spans):
-                apply = functools.partial(self.store.apply, manifests, results, notices, requests=requests)
+                apply = functools.partial(self.store.apply, manifests, results, notices, ids=ids, requests=requests)
                 outcome = await self._in_sql_thread(apply)
             for batch_id in outcome.completed_batches:
                 async with self._settling(batch_id, last.get(batch_id), "batch complete"):
@@ -214,7 +221,7 @@ class Controller(Service):
 
 @dataclass(frozen=True)
 class _Carried:
-    """One thing a message carries for a batch (a manifest, a work item's results, a poison
+    """One thing a message carries for a batch (a manifest, an ids part, a work item's results, a poison
     notice) with the trace context it came with: applied in a span of its own."""
 
     span: str

@@ -5,7 +5,7 @@ transaction ids, which rows repeat an earlier row's id (:class:`~shared.rules.du
 and which first occurrences may repeat an id of an earlier batch (the ledger's
 :class:`~shared.rules.idfilter.IdFilter`): those are marked as repeats of themselves, so that the processors
 hold them for the controller's exact check. The batch's ids (each first occurrence's row and id, and their
-hashes) are kept for its manifest and for the filter.
+hashes) are kept for the controller (in parts as they are cut, the rest with the manifest) and for the filter.
 Validation and rating are the processors', so that they scale out with them. A text file's work item is a
 run of whole frames of its inbox blob (:class:`~shared.inbox.Part`), which the processor reads itself:
 nothing of its rows goes through the initiator's messages but the repeated ids. A Parquet file's work items
@@ -66,8 +66,16 @@ class Debatch:
         self.rows = self.work_items = 0
 
     def ids(self) -> pa.Table:
-        """Each first occurrence's row and transaction id (``IDS_SCHEMA``), in file order."""
+        """Each first occurrence's row and transaction id (``IDS_SCHEMA``), in file order: those not taken as a
+        part (:meth:`take_ids`)."""
         return pa.concat_tables(self._ids) if self._ids else IDS_SCHEMA.empty_table()
+
+    def take_ids(self, at_least: int) -> pa.Table | None:
+        """The ids cut since the last part taken (as :meth:`ids`), once there are ``at_least``; else None."""
+        if sum(table.num_rows for table in self._ids) < at_least:
+            return None
+        part, self._ids = self.ids(), []
+        return part
 
     def hashes(self) -> np.ndarray:
         """The 64-bit hashes of :meth:`ids` (what the ledger's filter is given)."""

@@ -26,7 +26,16 @@ from shared.messaging.poison import PoisonQueue
 from shared.messaging.service import Service
 from shared.messaging.storage import Storage
 from shared.messaging.triggers import TriggerBus
-from shared.protocol import BatchRequest, Manifest, WorkHeader, manifest_envelope, parse_request, work_envelope
+from shared.protocol import (
+    BatchRequest,
+    IdsPart,
+    Manifest,
+    WorkHeader,
+    ids_envelope,
+    manifest_envelope,
+    parse_request,
+    work_envelope,
+)
 from shared.refstore import PRICEBOOK, TAXES, ReferenceStore
 from shared.rules.reference import load_price_book, load_tax_table
 from shared.settings import Settings
@@ -55,11 +64,12 @@ def _map_large_allocations() -> None:
 
 @dataclass
 class _Phases:
-    """When one batch's work items went out."""
+    """When one batch's work items went out; its ids parts sent so far."""
 
     first_item_sent_at: datetime | None = None
     last_item_sent_at: datetime | None = None
     debatched_at: datetime | None = None
+    id_parts: int = 0
 
     def sent(self) -> None:
         self.last_item_sent_at = datetime.now(UTC)
@@ -127,7 +137,7 @@ class Initiator(Service):
             debatch = Debatch(work_item_size=self.settings.work_item_size, ledger=await self.ledger.load())
             marked = self.ledger.serial
             async with self._cuts(request, debatch) as cuts:
-                await self._enqueue(request, cuts, phases)
+                await self._enqueue(request, cuts, debatch, phases)
         except InputError as exc:
             if isinstance(exc, PoisonMessage) and exc.reason != "unknown_reference_data":
                 raise
@@ -172,9 +182,10 @@ class Initiator(Service):
             with contextlib.suppress(asyncio.CancelledError):
                 await feeding
 
-    async def _enqueue(self, request: BatchRequest, cuts: Iterator[Cut], phases: _Phases) -> None:
+    async def _enqueue(self, request: BatchRequest, cuts: Iterator[Cut], debatch: Debatch, phases: _Phases) -> None:
         """Send work items as they are cut (cut in a thread), round-robin over the input queues, a
-        bounded number at once; announce each queue's first item at once, then the totals."""
+        bounded number at once; announce each queue's first item at once, then the totals. The batch's ids go
+        to the controller in parts as they are cut (the rest with the manifest)."""
         queues = self.settings.input_queues
         counts = {queue: [0, 0] for queue in queues}
         stopped: Exception | None = None  # raised once the items already sent are out
@@ -200,6 +211,10 @@ class Initiator(Service):
                 counts[queue][1] += cut.rows
                 await self._sends.acquire()
                 sends.create_task(self._send(queue, header, cut.payload, phases, first=seq < len(queues)))
+                if (ids := debatch.take_ids(self.settings.ids_part_rows)) is not None:
+                    await self._sends.acquire()
+                    sends.create_task(self._send_ids(IdsPart(request.batch_id, phases.id_parts, ids)))
+                    phases.id_parts += 1
         if stopped is not None:
             raise stopped
         phases.debatched_at = datetime.now(UTC)
@@ -225,6 +240,14 @@ class Initiator(Service):
         phases.sent()
         if first:
             await self.announce({queue: (1, header.rows)})
+
+    async def _send_ids(self, part: IdsPart) -> None:
+        """Send a batch's ids part to the controller."""
+        try:
+            blob_name = batch_blob(part.batch_id, "ids", str(part.part))
+            await self.claim_check.send(self.settings.results_queue, ids_envelope(part), blob_name=blob_name)
+        finally:
+            self._sends.release()
 
     async def aclose(self) -> None:
         await asyncio.to_thread(self._cutter.shutdown)
@@ -254,6 +277,7 @@ class Initiator(Service):
             filter_serial=None if serials is None else serials[0],
             id_serial=None if serials is None else serials[1],
             ids=debatch.ids() if debatch else None,
+            id_parts=phases.id_parts,
         )
         envelope = manifest_envelope(manifest)
         await self.claim_check.send(

@@ -26,7 +26,7 @@ from .messaging.poison import OnPoisoned
 from .rules.batchfile import CHUNK_SCHEMA, read_chunks
 from .rules.schemas import HELD_SCHEMA, PARTIAL_SCHEMA, REJECT_SCHEMA
 
-REQUEST, WORK, RESULTS, MANIFEST, POISONED = "request", "work", "results", "manifest", "poisoned"
+REQUEST, WORK, RESULTS, MANIFEST, POISONED, IDS = "request", "work", "results", "manifest", "poisoned", "ids"
 #: The rows of a text work item's part that repeat an earlier row's transaction id: its payload.
 REPEATS_SCHEMA = pa.schema([("row", pa.int64()), ("repeat_of", pa.int64())])
 #: A batch's transaction ids for the ledger: each id's first occurrence (1-based data row) and the id, stripped.
@@ -85,10 +85,20 @@ class Manifest:
     # merge that added this batch's ids (None: no filter was used, as before the ledger kept ids).
     filter_serial: int | None = None
     id_serial: int | None = None
-    ids: pa.Table | None = None  # IDS_SCHEMA: the payload; None for a refused batch
+    ids: pa.Table | None = None  # IDS_SCHEMA: the payload, the ids no ids part carried; None for a refused batch
+    id_parts: int = 0  # the ids parts sent before it (IdsPart), numbered from 0
 
     #: The fields that are datetimes on the wire (ISO 8601 text).
     TIMES = ("accepted_at", "uploaded_at", "first_item_sent_at", "last_item_sent_at", "debatched_at")
+
+
+@dataclass(frozen=True)
+class IdsPart:
+    """Ids of a batch being cut (``IDS_SCHEMA``), sent to the controller before its manifest."""
+
+    batch_id: str
+    part: int
+    ids: pa.Table
 
 
 @dataclass(frozen=True)
@@ -300,6 +310,19 @@ def parse_manifest(envelope: Envelope) -> Manifest:
         if fields["ids"].schema != IDS_SCHEMA:
             raise PoisonMessage("bad_payload", "the manifest's ids do not have the expected schema")
     return _build(Manifest, fields)
+
+
+def ids_envelope(part: IdsPart) -> Envelope:
+    """An ids part; its ids are the payload."""
+    return Envelope(IDS, {"batch_id": part.batch_id, "part": part.part}, encode_table(part.ids))
+
+
+def parse_ids(envelope: Envelope) -> IdsPart:
+    headers = _expect(envelope, IDS)
+    ids = _decode(envelope.payload)
+    if ids.schema != IDS_SCHEMA:
+        raise PoisonMessage("bad_payload", "the ids part does not have the expected schema")
+    return _build(IdsPart, {**headers, "ids": ids})
 
 
 def _with_times(fields: dict[str, Any], names: tuple[str, ...]) -> dict[str, Any]:

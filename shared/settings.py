@@ -55,6 +55,10 @@ class Settings(BaseSettings):
     # processor reads (a message of a few hundred bytes); "message" carries the rows as read in the message,
     # as a Parquet file's do (the naive design's way: benchmark only).
     work_item_rows: Literal["inbox", "message"] = "inbox"
+    # Ids per ids part: the initiator sends a batch's ids to the controller in parts of this many as it cuts
+    # (the rest with the manifest), so that they are recorded while the file is still being cut. Like the work
+    # item size, the same on every initiator (one cutting a file again sends the same parts).
+    ids_part_rows: int = Field(default=300_000, ge=1)
     # The ledger's id filter (initiator/ledger_filter.py): its size in bits, a power of two, fixed when the
     # filter is first written; 12 bits an id keep false candidates near 1 % (docs/configuration.md).
     ledger_filter_bits: int = Field(default=1 << 24, ge=64)

@@ -161,6 +161,7 @@ def fill_from_manifest(row: dict[str, Any], manifest: Manifest) -> None:
         debatched_at=manifest.debatched_at,
         filter_serial=manifest.filter_serial,
         id_serial=manifest.id_serial,
+        id_parts=manifest.id_parts,
     )
 
 
@@ -172,17 +173,23 @@ def count(row: dict[str, Any], accepted: int, rejected: int) -> None:
 
 
 def next_state(row: Mapping[str, Any]) -> BatchState | None:
-    """The final state a batch moves to now that every work item is accounted for, if it moves (``failed``
+    """The final state a batch moves to now that every work item and ids part is accounted for, if it moves (``failed``
     may still become ``complete`` when its poisoned items are replayed)."""
     if row["state"] in SETTLED:
         return None
     if row["refused_reason"] is not None:
         state = BatchState.refused
-    elif row["work_items"] is None or row["completed_items"] + row["poisoned_items"] < row["work_items"]:
+    elif not _accounted(row):
         return None
     else:
         state = BatchState.failed if row["poisoned_items"] else BatchState.complete
     return None if state == row["state"] else state
+
+
+def _accounted(row: Mapping[str, Any]) -> bool:
+    """Whether the manifest, every work item and every ids part (:mod:`store.ids`) of a batch are recorded."""
+    items = row["work_items"] is not None and row["completed_items"] + row["poisoned_items"] >= row["work_items"]
+    return items and row["id_parts_recorded"] >= row["id_parts"]
 
 
 def settle(row: dict[str, Any], state: BatchState, now: datetime) -> None:

@@ -20,7 +20,7 @@ import pyarrow.compute as pc
 import sqlalchemy as sa
 from azure.core.credentials import TokenCredential
 
-from shared.protocol import Manifest, PoisonNotice, WorkItemResult
+from shared.protocol import IdsPart, Manifest, PoisonNotice, WorkItemResult
 
 from . import migrate as migrations
 from .batches import (
@@ -38,7 +38,7 @@ from .batches import (
 from .cache import FoldCache, Written, stamp
 from .engine import open_engine, writing
 from .fold import AGGREGATE_KEY, AGGREGATE_VALUES, SUMMED, fold, partials, sql_values
-from .ids import Verdict, decide, forget_uncounted, record_ids, release, waiting_batches
+from .ids import Verdict, decide, forget_uncounted, record_ids, record_parts, release, waiting_batches
 from .items import (
     CHUNK,
     chunks,
@@ -126,9 +126,10 @@ class Store:
         results: Sequence[WorkItemResult],
         poisoned: Sequence[PoisonNotice] = (),
         *,
+        ids: Sequence[IdsPart] = (),
         requests: Mapping[str, int] | None = None,
     ) -> ApplyOutcome:
-        """Record manifests, work item results and poison notices in ONE transaction, idempotently,
+        """Record manifests, work item results, poison notices and ids parts in ONE transaction, idempotently,
         and add ``requests`` (batch id → requests made for it) to the batches' counts.
 
         A work item already recorded is skipped entirely; a manifest already recorded changes nothing.
@@ -142,7 +143,7 @@ class Store:
         the counts); later results of a refused batch are recorded but never counted.
         The partials of all new work items are added up in Arrow and written with one upsert statement.
         """
-        incoming = _Incoming.of(manifests, results, poisoned)
+        incoming = _Incoming.of(manifests, results, poisoned, ids)
         if not incoming.batch_ids and not self.waiting():
             return ApplyOutcome(new_items=0, duplicate_items=0)
         now = datetime.now(UTC)
@@ -151,6 +152,7 @@ class Store:
                 rows = lock_batches(conn, sorted({*incoming.batch_ids, *waiting_batches(conn)}), now)
                 before = {batch_id: dict(row) for batch_id, row in rows.items()}
                 _take_manifests(conn, rows, incoming.manifests.values())
+                record_parts(conn, rows, incoming.ids)
                 recorded = _record_work_items(conn, rows, incoming, now)
                 counted = _count_results(conn, rows, recorded)
                 for batch_id, made in (requests or {}).items():
@@ -251,16 +253,22 @@ class Store:
 @dataclass(frozen=True)
 class _Incoming:
     """One apply's input: the first manifest of each batch, the first result of each work item, the last poison
-    notice of each work item that has no result here, and every batch they name (in id order)."""
+    notice of each work item that has no result here, the first of each ids part, and every batch they name (in id
+    order)."""
 
     manifests: dict[str, Manifest]
     results: dict[str, WorkItemResult]
     notices: dict[str, PoisonNotice]
+    ids: list[IdsPart]
     batch_ids: list[str]
 
     @classmethod
     def of(
-        cls, manifests: Sequence[Manifest], results: Sequence[WorkItemResult], poisoned: Sequence[PoisonNotice]
+        cls,
+        manifests: Sequence[Manifest],
+        results: Sequence[WorkItemResult],
+        poisoned: Sequence[PoisonNotice],
+        ids: Sequence[IdsPart],
     ) -> _Incoming:
         first_manifests: dict[str, Manifest] = {}
         for manifest in manifests:
@@ -269,10 +277,14 @@ class _Incoming:
         for result in results:
             first_results.setdefault(result.work_item_id, result)
         notices = {n.work_item_id: n for n in reversed(poisoned) if n.work_item_id not in first_results}
+        parts = list({(part.batch_id, part.part): part for part in reversed(ids)}.values())
         batch_ids = sorted(
-            set(first_manifests) | {r.batch_id for r in first_results.values()} | {n.batch_id for n in notices.values()}
+            set(first_manifests)
+            | {r.batch_id for r in first_results.values()}
+            | {n.batch_id for n in notices.values()}
+            | {part.batch_id for part in parts}
         )
-        return cls(first_manifests, first_results, notices, batch_ids)
+        return cls(first_manifests, first_results, notices, parts, batch_ids)
 
 
 @dataclass(frozen=True)
@@ -295,11 +307,12 @@ def _take_manifests(conn: sa.Connection, rows: Mapping[str, dict[str, Any]], man
             fill_from_manifest(row, manifest)
             if manifest.refused is not None:
                 forget_counts(conn, row)
+                release(conn, row)
             else:
                 accepted[manifest.batch_id] = manifest
     number_batches(conn, [rows[batch_id] for batch_id in accepted])
     for batch_id, manifest in accepted.items():
-        rows[batch_id]["id_segment"] = record_ids(conn, rows[batch_id]["seq"], manifest.ids)
+        record_ids(conn, rows[batch_id], manifest.ids)
 
 
 def _complete(

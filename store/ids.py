@@ -2,12 +2,14 @@
 ``duplicate_transaction_id`` in a later one (``docs/billing-rules.md``; ``docs/architecture.md``, "Transaction ids
 across batches").
 
-- **Where they live.** ``ledger_ids`` keeps, per accepted batch, each id's first occurrence: recorded with the
-  batch's manifest (:func:`record_ids`), in the current *segment* of :data:`SEGMENT_ROWS` ids (the key starts
-  with it, so a batch's inserts stay in one part of the index however large the ledger), sorted by hash; the
-  batch row names that segment (``id_segment``), where its ids are found by its seq. When
-  the batch completes, the ids it did not count are deleted (:func:`forget_uncounted`); a void deletes all of
-  its ids (:mod:`store.ledger`).
+- **Where they live.** ``ledger_ids`` keeps, per batch, each id's first occurrence: recorded as the initiator
+  cuts the file (its ids parts, :func:`record_parts`, then the rest with the manifest; :func:`record_ids`), so
+  that little is left to record when the last work item is rated. They go into the *segment* of
+  :data:`SEGMENT_ROWS` ids that was current at the batch's first ids (the key starts with it, so a batch's
+  inserts stay in one part of the index however large the ledger), sorted by hash, under the batch's key
+  (``id_key``, given then: its seq comes only with its manifest). A batch completes once all its parts are
+  recorded; then the ids it did not count are deleted (:func:`forget_uncounted`); a void or a refusal deletes
+  all of them (:mod:`store.ledger`, :func:`release`).
 - **Who is checked.** The initiator marks the first occurrences the id filter may hold; they are held and
   decided here, exactly, against every earlier batch (:func:`decide`): an id counted in a complete earlier
   batch is taken; one in an earlier batch still running makes this batch wait for it.
@@ -25,25 +27,33 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql, sqlite
 
+from shared.protocol import IdsPart
 from shared.rules.duplicates import FirstOccurrences
 
-from .batches import BatchState
+from .batches import SETTLED, BatchState
 from .items import CHUNK, chunks
 from .ledger import take_numbers
-from .schema import batches, counters, held, ledger_ids, rejects
+from .schema import batches, counters, held, ledger_id_parts, ledger_ids, rejects
 
 #: Ids a segment takes before the next one starts.
 SEGMENT_ROWS = 1 << 20
 #: The counter of ids recorded (what fills the segments).
 IDS = "ledger_ids"
+#: The counter of the batches' keys in ``ledger_ids``.
+ID_KEYS = "ledger_id_keys"
 _INSERT_ROWS = 100_000
 #: Rows of one batch named per statement that reads its segment (each such statement scans the segment).
 _SCAN_ROWS = 30_000
-_COLUMNS = "segment, id_hash, batch_seq, row, transaction_id"
+_COLUMNS = "segment, id_hash, batch_key, row, transaction_id"
+_NEW_PART = {
+    name: insert(ledger_id_parts).on_conflict_do_nothing(index_elements=["batch_id", "part"])
+    for name, insert in (("postgresql", postgresql.insert), ("sqlite", sqlite.insert))
+}
 _PG_INSERT = sa.text(
     f"INSERT INTO ledger_ids ({_COLUMNS}) SELECT :segment, h, s, r, t FROM unnest("
-    "CAST(:hashes AS bigint[]), CAST(:seqs AS bigint[]), CAST(:rows AS bigint[]), CAST(:ids AS text[]))"
+    "CAST(:hashes AS bigint[]), CAST(:keys AS bigint[]), CAST(:rows AS bigint[]), CAST(:ids AS text[]))"
     " AS u(h, s, r, t)"
 )
 
@@ -67,35 +77,52 @@ def id_hashes(ids: pa.Array | pa.ChunkedArray) -> np.ndarray:
     return np.concatenate(parts).view(np.int64)
 
 
-def record_ids(conn: sa.Connection, seq: int, ids: pa.Table | None) -> int | None:
-    """Record batch ``seq``'s ids (``IDS_SCHEMA``) in the current segment, in hash order; the segment is
-    returned (None when there are no ids)."""
+def record_parts(conn: sa.Connection, rows: Mapping[str, dict[str, Any]], parts: Iterable[IdsPart]) -> None:
+    """Record the ids parts not recorded before, of batches still running (those of a settled or refused batch
+    are spent: its ids are decided)."""
+    for part in parts:
+        row = rows[part.batch_id]
+        if row["state"] in SETTLED or row["refused_reason"] is not None:
+            continue
+        taken = conn.execute(_NEW_PART[conn.dialect.name], {"batch_id": part.batch_id, "part": part.part})
+        if taken.rowcount:
+            record_ids(conn, row, part.ids)
+            row["id_parts_recorded"] += 1
+
+
+def record_ids(conn: sa.Connection, row: dict[str, Any], ids: pa.Table | None) -> None:
+    """Record ids (``IDS_SCHEMA``) of batch ``row`` in hash order, in its segment under its key (both given to
+    the batch with its first ids)."""
     if ids is None or not ids.num_rows:
-        return None
-    segment = (take_numbers(conn, IDS, ids.num_rows) - 1) // SEGMENT_ROWS
-    seqs = np.full(ids.num_rows, seq, np.int64)
-    insert_ids(conn, segment, id_hashes(ids["transaction_id"]), seqs, ids["row"].to_numpy(), ids["transaction_id"])
-    return segment
+        return
+    if row["id_key"] is None:
+        row["id_key"] = take_numbers(conn, ID_KEYS, 1)
+    counted = take_numbers(conn, IDS, ids.num_rows)
+    if row["id_segment"] is None:
+        row["id_segment"] = (counted - 1) // SEGMENT_ROWS
+    keys = np.full(ids.num_rows, row["id_key"], np.int64)
+    hashes = id_hashes(ids["transaction_id"])
+    insert_ids(conn, row["id_segment"], hashes, keys, ids["row"].to_numpy(), ids["transaction_id"])
 
 
 def insert_ids(
     conn: sa.Connection,
     segment: int,
     hashes: np.ndarray,
-    seqs: np.ndarray,
+    keys: np.ndarray,
     rows: np.ndarray,
     ids: pa.Array | pa.ChunkedArray,
 ) -> None:
-    """Insert ids (each with its batch's seq and its row there) into ``segment``, sorted by hash first (also the
+    """Insert ids (each with its batch's key and its row there) into ``segment``, sorted by hash first (also the
     benchmark's bulk load)."""
     order = np.argsort(hashes, kind="stable")
     texts = ids.take(pa.array(order))
     for start in range(0, len(order), _INSERT_ROWS):
         at = order[start : start + _INSERT_ROWS]
-        of_part = (hashes[at].tolist(), seqs[at].tolist(), rows[at].tolist())
+        of_part = (hashes[at].tolist(), keys[at].tolist(), rows[at].tolist())
         strings = texts[start : start + _INSERT_ROWS].to_pylist()
         if conn.dialect.name == "postgresql":
-            values = dict(zip(("hashes", "seqs", "rows", "ids"), (*of_part, strings), strict=True))
+            values = dict(zip(("hashes", "keys", "rows", "ids"), (*of_part, strings), strict=True))
             conn.execute(_PG_INSERT, {"segment": segment, **values})
         else:
             records = [(segment, h, s, r, t) for h, s, r, t in zip(*of_part, strings, strict=True)]
@@ -110,6 +137,7 @@ def waiting_batches(conn: sa.Connection) -> list[str]:
         batches.c.refused_reason.is_(None),
         batches.c.poisoned_items == 0,
         batches.c.completed_items >= batches.c.work_items,
+        batches.c.id_parts_recorded >= batches.c.id_parts,
     )
     return list(conn.scalars(query))
 
@@ -140,19 +168,20 @@ def decide(conn: sa.Connection, row: Mapping[str, Any], firsts: Sequence[int], s
 def forget_uncounted(conn: sa.Connection, row: Mapping[str, Any], kept_firsts: Iterable[int]) -> None:
     """Delete the ids batch ``row`` did not count: of its rejected rows, those whose id no kept row counts."""
     rejected = set(conn.scalars(sa.select(rejects.c.row).where(rejects.c.batch_id == row["batch_id"])))
-    delete = sa.delete(ledger_ids).where(*_of_batch(ledger_ids, row["id_segment"], row["seq"]))
+    delete = sa.delete(ledger_ids).where(*_of_batch(ledger_ids, row["id_segment"], row["id_key"]))
     for chunk in chunks(sorted(rejected - set(kept_firsts)), _SCAN_ROWS):
         conn.execute(delete.where(ledger_ids.c.row.in_(chunk)))
 
 
 def release(conn: sa.Connection, row: Mapping[str, Any]) -> None:
-    """Delete every id of batch ``row`` (refused): later batches may count them."""
-    conn.execute(sa.delete(ledger_ids).where(*_of_batch(ledger_ids, row["id_segment"], row["seq"])))
+    """Delete every id of batch ``row`` (refused, or voided): later batches may count them."""
+    conn.execute(sa.delete(ledger_ids).where(*_of_batch(ledger_ids, row["id_segment"], row["id_key"])))
 
 
-def _of_batch(table: sa.FromClause, segment: int | None, seq: int) -> tuple[sa.ColumnElement[bool], ...]:
-    """The rows of ``table`` (``ledger_ids`` or an alias) that hold batch ``seq``'s ids, in its ``segment``."""
-    return table.c.segment == segment, table.c.batch_seq == seq
+def _of_batch(table: sa.FromClause, segment: int | None, key: int | None) -> tuple[sa.ColumnElement[bool], ...]:
+    """The rows of ``table`` (``ledger_ids`` or an alias) that hold the ids of the batch of ``key``, in its
+    ``segment``."""
+    return table.c.segment == segment, table.c.batch_key == key
 
 
 @dataclass(frozen=True)
@@ -164,12 +193,13 @@ class _Hit:
     state: str
     row: int = 0
     segment: int | None = None
+    key: int | None = None
 
 
 def _unfiltered(conn: sa.Connection, row: Mapping[str, Any]) -> list[_Hit]:
     """Earlier batches, not voided, complete or running, whose ids the filter did not hold when ``row``'s
     batch was marked (all earlier batches with ids, when no filter was used)."""
-    query = sa.select(batches.c.batch_id, batches.c.seq, batches.c.state, batches.c.id_segment).where(
+    query = sa.select(batches.c.batch_id, batches.c.seq, batches.c.state, batches.c.id_segment, batches.c.id_key).where(
         batches.c.seq < row["seq"],
         batches.c.voided_at.is_(None),
         batches.c.id_serial.is_not(None),
@@ -178,7 +208,7 @@ def _unfiltered(conn: sa.Connection, row: Mapping[str, Any]) -> list[_Hit]:
     )
     if row["filter_serial"] is not None:
         query = query.where(batches.c.id_serial > row["filter_serial"])
-    return [_Hit(r.batch_id, r.seq, r.state, segment=r.id_segment) for r in conn.execute(query)]
+    return [_Hit(r.batch_id, r.seq, r.state, segment=r.id_segment, key=r.id_key) for r in conn.execute(query)]
 
 
 def _marked(conn: sa.Connection, row: Mapping[str, Any]) -> set[int]:
@@ -191,7 +221,7 @@ def _marked(conn: sa.Connection, row: Mapping[str, Any]) -> set[int]:
 def _own_ids(conn: sa.Connection, row: Mapping[str, Any], firsts: Sequence[int]) -> dict[int, tuple[int, str]]:
     """Row → (hash, id) of batch ``row``'s first occurrences ``firsts``."""
     query = sa.select(ledger_ids.c.row, ledger_ids.c.id_hash, ledger_ids.c.transaction_id).where(
-        *_of_batch(ledger_ids, row["id_segment"], row["seq"])
+        *_of_batch(ledger_ids, row["id_segment"], row["id_key"])
     )
     found = {}
     for chunk in chunks(sorted(firsts), _SCAN_ROWS):
@@ -216,8 +246,8 @@ def _earlier_rows(conn: sa.Connection, seq: int, own: Mapping[int, tuple[int, st
         by_id.setdefault(key, []).append(number)
     query = (
         sa.select(ledger_ids.c.id_hash, ledger_ids.c.transaction_id, batches.c.batch_id, batches.c.seq, batches.c.state)
-        .join(batches, batches.c.seq == ledger_ids.c.batch_seq)
-        .where(ledger_ids.c.segment.in_(_segments(conn)), ledger_ids.c.batch_seq < seq, batches.c.voided_at.is_(None))
+        .join(batches, batches.c.id_key == ledger_ids.c.batch_key)
+        .where(ledger_ids.c.segment.in_(_segments(conn)), batches.c.seq < seq, batches.c.voided_at.is_(None))
     )
     hits = []
     for chunk in chunks(sorted({h for h, _ in by_id}), CHUNK):
@@ -235,11 +265,11 @@ def _shared_rows(conn: sa.Connection, row: Mapping[str, Any], other: _Hit) -> li
         .join(
             theirs,
             sa.and_(
-                *_of_batch(theirs, other.segment, other.batch_seq),
+                *_of_batch(theirs, other.segment, other.key),
                 theirs.c.id_hash == mine.c.id_hash,
                 theirs.c.transaction_id == mine.c.transaction_id,
             ),
         )
-        .where(*_of_batch(mine, row["id_segment"], row["seq"]))
+        .where(*_of_batch(mine, row["id_segment"], row["id_key"]))
     )
     return list(conn.scalars(query))

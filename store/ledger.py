@@ -96,7 +96,7 @@ def void(engine: sa.Engine, batch_id: str, *, now: datetime | None = None) -> Ba
             raise LedgerError(f"batch {batch_id} is {row['state']}, not complete: only a complete batch can be voided")
         conn.execute(sa.update(batches).where(batches.c.batch_id == batch_id).values(voided_at=now))
         released = sa.delete(ledger_ids).where(ledger_ids.c.segment == row["id_segment"])
-        conn.execute(released.where(ledger_ids.c.batch_seq == row["seq"]))  # its ids (store.ids)
+        conn.execute(released.where(ledger_ids.c.batch_key == row["id_key"]))  # its ids (store.ids)
         row = conn.execute(sa.select(batches).where(batches.c.batch_id == batch_id)).mappings().one()
         return status(row, late(conn, [batch_id]).get(batch_id))
 

@@ -139,6 +139,11 @@ batches = sa.Table(
     sa.Column("filter_serial", sa.BigInteger, nullable=True),
     sa.Column("id_serial", sa.BigInteger, nullable=True),
     sa.Column("id_segment", sa.BigInteger, nullable=True),  # the segment of ledger_ids holding its ids
+    # Its key there (given with its first ids, before it has a seq), the ids parts its manifest counts, and
+    # those recorded (table ledger_id_parts): it completes only once all are.
+    sa.Column("id_key", sa.BigInteger, nullable=True),
+    sa.Column("id_parts", sa.BigInteger, nullable=False, server_default="0"),
+    sa.Column("id_parts_recorded", sa.BigInteger, nullable=False, server_default="0"),
 )
 
 
@@ -263,10 +268,10 @@ held = sa.Table(
     *_sums(),
 )
 
-#: The ledger's transaction ids (store.ids): each accepted batch's ids, one row per id's first occurrence,
-#: from its manifest; at its completion those it did not count are deleted, when voided all of them. The key
-#: starts with the segment, so that a batch's ids go into the current segment only (all of them into one: a
-#: batch's ids are found by its segment and seq); ``id_hash`` (the id's signed 64-bit hash) finds an id's rows
+#: The ledger's transaction ids (store.ids): each batch's ids, one row per id's first occurrence, from its ids
+#: parts and manifest; at its completion those it did not count are deleted, when voided or refused all of them.
+#: The key starts with the segment, so that a batch's ids go into one segment (a batch's ids are found by its
+#: segment and ``batch_key``, its ``batches.id_key``); ``id_hash`` (the id's signed 64-bit hash) finds an id's rows
 #: in every segment, ``transaction_id`` tells two ids of one hash apart
 #: (text of any length: an id too long to be valid is recorded too, and deleted when its row is rejected).
 ledger_ids = sa.Table(
@@ -274,10 +279,18 @@ ledger_ids = sa.Table(
     metadata,
     sa.Column("segment", sa.BigInteger, primary_key=True, autoincrement=False),
     sa.Column("id_hash", sa.BigInteger, primary_key=True, autoincrement=False),
-    sa.Column("batch_seq", sa.BigInteger, primary_key=True, autoincrement=False),
+    sa.Column("batch_key", sa.BigInteger, primary_key=True, autoincrement=False),
     sa.Column("row", sa.BigInteger, primary_key=True, autoincrement=False),
     sa.Column("transaction_id", sa.Text, nullable=False),
     sqlite_with_rowid=False,
+)
+
+#: The ids parts recorded (store.ids): a part delivered twice is recorded once.
+ledger_id_parts = sa.Table(
+    "ledger_id_parts",
+    metadata,
+    sa.Column("batch_id", sa.String(255), primary_key=True),
+    sa.Column("part", sa.BigInteger, primary_key=True, autoincrement=False),
 )
 
 # The cross-batch report filters (store.queries; migration 0005).
@@ -287,6 +300,8 @@ sa.Index("ix_aggregates_day", aggregates.c.billing_day)
 sa.Index("ix_batches_state", batches.c.state)
 # No two batches share a sequence number (migration 0008).
 sa.Index("ux_batches_seq", batches.c.seq, unique=True)
+# No two batches share a key of their ids (migration 0012).
+sa.Index("ux_batches_id_key", batches.c.id_key, unique=True)
 # Documents of a period, of an account (migration 0009).
 sa.Index("ix_documents_period_account", documents.c.period, documents.c.account_id, documents.c.currency)
 sa.Index("ix_documents_account", documents.c.account_id)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import io
+from datetime import UTC, datetime
 from decimal import Decimal
 
 import numpy as np
@@ -20,6 +21,7 @@ from store.engine import writing
 from store.ids import id_hashes
 from store.ledger import void
 from store.schema import ledger_ids
+from support.revisions import at_revision
 
 HEADER = ("transaction_id", "account_id", "timestamp", "product", "quantity", "region")
 
@@ -139,7 +141,7 @@ def test_a_hash_shared_by_two_ids_never_rejects_a_row(store: Store) -> None:
     with writing(store.engine) as conn:
         conn.execute(
             sa.insert(ledger_ids),
-            [{"segment": 0, "id_hash": int(fresh[0]), "batch_seq": 1, "row": 99, "transaction_id": "not-fresh"}],
+            [{"segment": 0, "id_hash": int(fresh[0]), "batch_key": 1, "row": 99, "transaction_id": "not-fresh"}],
         )
     cut = _run(store, shared, model, "second", _rows(["fresh", "k1"]))
     assert sum(r.held.num_rows for r in cut.results) == 2
@@ -149,3 +151,80 @@ def _manifest(cut: Cut, **changes: object) -> object:
     from shared.protocol import Manifest
 
     return Manifest(**{**cut.manifest.__dict__, **changes})
+
+
+def test_ids_parts_are_recorded_before_the_manifest_and_the_batch_waits_for_every_part(store: Store) -> None:
+    shared, model = InProcess(bits=1 << 16, work_item_size=200, part_rows=250), _model()
+    rows = _rows([f"p{i}" for i in range(1200)] + ["p7"])  # a frame of the inbox holds about 230 rows
+    cut = shared.cut("parted", _csv(rows))
+    assert cut.manifest.id_parts == len(cut.ids) >= 3 and cut.manifest.ids is not None
+    assert sum(part.ids.num_rows for part in cut.ids) + cut.manifest.ids.num_rows == 1200
+    first, *others = cut.ids
+    store.apply([], [], ids=[first, first])  # before its manifest, delivered twice
+    store.apply([cut.manifest], cut.results, ids=others[:-1])
+    status = store.batch("parted")
+    assert status is not None and status.state == BatchState.processing  # one part is still on its way
+    assert store.apply([], [], ids=[others[-1]]).completed_batches == ["parted"]
+    _check(store, "parted", model.batch("parted", rows), model)
+    with store.engine.connect() as conn:
+        recorded = conn.scalar(sa.select(sa.func.count()).select_from(ledger_ids))
+    assert recorded == 1200
+    store.apply([], [], ids=[first])  # late again, after completion: spent
+    with store.engine.connect() as conn:
+        assert conn.scalar(sa.select(sa.func.count()).select_from(ledger_ids)) == recorded
+    again = _rows([f"p{i}" for i in range(0, 1300, 10)])
+    _run(store, shared, model, "again", again)  # ids from every part are known to later batches
+
+
+def test_a_refused_batch_releases_the_ids_its_parts_recorded(store: Store) -> None:
+    shared, model = InProcess(bits=1 << 16, work_item_size=200, part_rows=250), _model()
+    rows = _rows([f"r{i}" for i in range(1200)])
+    cut = shared.cut("broken", _csv(rows))
+    store.apply([], [], ids=cut.ids)
+    store.apply([_manifest(cut, refused="the file is damaged at line 97", ids=None)], cut.results)
+    status = store.batch("broken")
+    assert status is not None and status.state == BatchState.refused
+    with store.engine.connect() as conn:
+        assert conn.scalar(sa.select(sa.func.count()).select_from(ledger_ids)) == 0
+    _run(store, shared, model, "resent", rows)  # nothing of the refused batch counted: every id counts now
+
+
+def test_a_store_with_ids_recorded_by_seq_upgrades_and_its_ids_still_count(sql_url: str) -> None:
+    at_revision(sql_url, "0011")  # ids keyed by the batch's seq there
+    shared, model = InProcess(bits=1 << 16), _model()
+    old = _rows(["m1", "m2"])
+    model.batch("old", old)
+    hashes = id_hashes(pa.array(["m1", "m2"]))
+    engine = sa.create_engine(sql_url)
+    stored = {
+        name: sa.Table(name, sa.MetaData(), autoload_with=engine) for name in ("batches", "ledger_ids", "counters")
+    }
+    now = datetime.now(UTC).replace(tzinfo=None)
+    with engine.begin() as conn:
+        conn.execute(
+            sa.insert(stored["batches"]).values(
+                batch_id="old", source="old.csv", state="complete", rows=2, accepted=2, rejected=0, work_items=1,
+                completed_items=1, poisoned_items=0, transactions_recorded=2, requests=0, updated_at=now,
+                accepted_at=now, seq=1, filter_serial=0, id_serial=1, id_segment=0,
+            )
+        )  # fmt: skip
+        conn.execute(
+            sa.insert(stored["ledger_ids"]),
+            [
+                {"segment": 0, "id_hash": int(h), "batch_seq": 1, "row": row, "transaction_id": text}
+                for row, (h, text) in enumerate(zip(hashes, ["m1", "m2"], strict=True), start=1)
+            ],
+        )
+        conn.execute(sa.delete(stored["counters"]))
+        conn.execute(
+            sa.insert(stored["counters"]), [{"name": "batch_seq", "value": 1}, {"name": "ledger_ids", "value": 2}]
+        )
+    engine.dispose()
+    shared.filter.add(hashes.view(np.uint64))
+    shared.serial = 1
+    with Store(sql_url) as store:  # upgrades in place
+        _run(store, shared, model, "new", _rows(["m1", "m3", "m2", "m4"]))
+        assert store.batch("new").seq == 2  # type: ignore[union-attr]
+        void(store.engine, "old")  # its ids, keyed by its seq before, are released
+        model.void("old")
+        _run(store, shared, model, "after", _rows(["m2", "m5"]))

@@ -13,6 +13,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from benchmarks import reference_model as model
 from billing.sample import generate, sample_price_book_bytes, sample_tax_table_bytes
 from shared.settings import Settings
@@ -90,8 +92,9 @@ def test_a_re_export_is_rejected_as_duplicates_and_a_void_releases_its_ids(
 
 
 def test_batches_side_by_side_and_roles_killed_mid_way_stay_exact(
-    settings_env: Settings, roles: Roles, tmp_path: Path
+    settings_env: Settings, roles: Roles, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setenv("BILLING_IDS_PART_ROWS", "4000")  # each batch's ids in parts, recorded before its manifest
     generate(30_000, tmp_path / "a.csv", seed=71, reject_rate=0.01)
     rows = read_raw(tmp_path / "a.csv")
     generate(10_000, tmp_path / "new.csv", seed=72, reject_rate=0.01)
