@@ -60,9 +60,15 @@ from .fault_proxy import SLOW, FaultProxy
 from .postgres import PostgresServer
 
 StoreKind = Literal["sqlite", "postgresql"]
-#: The roles' settings for the soak: small work items (many messages in flight when a fault hits), a
-#: short lease (what a killed role held comes back soon), and room for the redeliveries the faults cause.
-KNOBS: dict[str, Any] = {"work_item_size": 4000, "visibility_timeout": 10, "max_dequeue_count": 50}
+#: The roles' settings for the soak: small work items (many messages in flight when a fault hits), small ids
+#: parts (a batch of more than 10,000 ids sends some), a short lease (what a killed role held comes back soon),
+#: and room for the redeliveries the faults cause.
+KNOBS: dict[str, Any] = {
+    "work_item_size": 4000,
+    "ids_part_rows": 10_000,
+    "visibility_timeout": 10,
+    "max_dequeue_count": 50,
+}
 PROCESSORS = 2
 SLOTS = ("initiator", *(f"processor-{n}" for n in range(1, PROCESSORS + 1)), "controller")
 FAULT_GAP = (2.0, 6.0)  # seconds between one injection and the next
