@@ -15,13 +15,15 @@ import tomllib
 from dataclasses import asdict, dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from rich.console import Console
 from rich.table import Table
 
 from shared.errors import InputError
-from shared.settings import Settings
+
+if TYPE_CHECKING:
+    from shared.settings import Settings
 
 PRICES = Path(__file__).with_name("prices.toml")
 DAYS_PER_MONTH = 30  # as the whitepaper counts
