@@ -185,7 +185,7 @@ def status(batch_id: str | None, as_json: bool) -> None:
     """Show one batch's state, or every batch, the files in the inbox that no batch accounts for (with their
     age), the running roles (dequeue tasks, storage requests, failover state per destination) and, with a
     secondary account, its backlog."""
-    from shared.messaging.runtime import role_states
+    from shared.messaging.processes import role_states
     from shared.settings import Settings
     from store import Store
 

@@ -132,7 +132,7 @@ def from_bench(path: Path, design: Design = "optimised") -> dict[str, float]:
 def measure_window(settings: Settings, seconds: float) -> dict[str, Any]:
     """Requests per hour made by the roles running under ``settings.home``: each role's counts
     between two of its state snapshots ``seconds`` apart, over the time between the snapshots."""
-    from shared.messaging.runtime import role_states  # the roles' runtime: only for this measure
+    from shared.messaging.processes import role_states
 
     before = {state["pid"]: state for state in role_states(settings)}
     time.sleep(seconds)
