@@ -23,7 +23,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from shared.errors import BillingError
-from shared.localstack import resolve
+from shared.localstack import AzuriteStack, resolve
 from shared.logs import configure_logging, redact
 from shared.roles import ROLES
 
@@ -49,7 +49,6 @@ def cli(verbose: bool) -> None:
 @cli.command()
 def up() -> None:
     """Start the local stack (Azurite) under BILLING_HOME; idempotent."""
-    from shared.localstack import AzuriteStack
     from shared.settings import Settings
 
     settings = Settings()
@@ -63,7 +62,6 @@ def up() -> None:
 @cli.command()
 def down() -> None:
     """Stop the local stack; idempotent."""
-    from shared.localstack import AzuriteStack
     from shared.settings import Settings
 
     AzuriteStack(home=Settings().home).stop()
