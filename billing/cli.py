@@ -1,7 +1,9 @@
 """``billing``: the command line over the pipeline (thin: parse, then delegate).
 
-A command imports what only it needs when it runs (SQLAlchemy, the roles, pandas, FastAPI): the user
-waits for ``billing submit`` to start, and it starts in half the time this way."""
+Defining the commands imports only click, rich and light modules: each command imports what it needs (the
+storage SDKs, Arrow, SQLAlchemy, the roles, pandas, FastAPI) when it runs. ``billing --help`` and a refused
+argument answer at once, and ``billing submit`` loads only what submitting uses
+(``tests/unit/test_cli_imports.py`` holds this)."""
 
 from __future__ import annotations
 
@@ -20,19 +22,19 @@ import click
 from rich.console import Console
 from rich.markup import escape
 
-from shared import telemetry
 from shared.errors import BillingError
 from shared.localstack import AzuriteStack, resolve
 from shared.logs import configure_logging, redact
-from shared.messaging.poison import Action as PoisonAction
-from shared.messaging.service import STATE_INTERVAL
 from shared.roles import ROLES
-from shared.settings import Settings
 
-from . import client, cost, ledger, poison, unbilled
+from . import cost, ledger
 
 if TYPE_CHECKING:
+    from shared.messaging.poison import Action as PoisonAction
+    from shared.settings import Settings
     from store import reports
+
+    from . import client
 
 console = Console(stderr=True)
 
@@ -47,6 +49,8 @@ def cli(verbose: bool) -> None:
 @cli.command()
 def up() -> None:
     """Start the local stack (Azurite) under BILLING_HOME; idempotent."""
+    from shared.settings import Settings
+
     settings = Settings()
     connection = AzuriteStack(home=settings.home).start()
     click.echo(f"BILLING_HOME={settings.home}")
@@ -58,6 +62,8 @@ def up() -> None:
 @cli.command()
 def down() -> None:
     """Stop the local stack; idempotent."""
+    from shared.settings import Settings
+
     AzuriteStack(home=Settings().home).stop()
     click.echo("local stack stopped")
 
@@ -122,6 +128,8 @@ def submit(
     A file refused is reported on a line of its own (exit status 2 at the end); the others go on."""
     if batch_id is not None and len(files) > 1:
         raise click.UsageError("--batch-id names one batch: give it with one file")
+    from shared import telemetry
+
     settings = resolve()
     with telemetry.running("client"):  # exported when configured: the root span of each batch's trace
         outcomes = asyncio.run(_submit_all(settings, files, batch_id=batch_id, pricebook=pricebook, taxes=taxes))
@@ -140,7 +148,7 @@ def submit(
     if wait and submitted:
         from store import BatchState, Store  # SQLAlchemy, only now: the batches are already on their way
 
-        from . import progress
+        from . import progress, unbilled
 
         watch = unbilled.RequestWatch(settings, submitted, console)
         with Store(settings.sql_url_value) as store:
@@ -158,6 +166,8 @@ async def _submit_all(
     settings: Settings, files: tuple[Path, ...], **options: Any
 ) -> list[client.Submission | BillingError]:
     """Every file's submission at once: its outcome, or why it was refused (anything else is raised)."""
+    from . import client
+
     submissions = (client.submit(settings, file, **options) for file in files)
     outcomes = await asyncio.gather(*submissions, return_exceptions=True)
     for outcome in outcomes:
@@ -173,8 +183,11 @@ def status(batch_id: str | None, as_json: bool) -> None:
     """Show one batch's state, or every batch, the files in the inbox that no batch accounts for (with their
     age), the running roles (dequeue tasks, storage requests, failover state per destination) and, with a
     secondary account, its backlog."""
-    from shared.messaging.runtime import role_states
+    from shared.messaging.processes import role_states
+    from shared.settings import Settings
     from store import Store
+
+    from . import unbilled
 
     settings = Settings()
     with Store(settings.sql_url_value) as store:
@@ -259,6 +272,7 @@ def report(
     batches named) under the filters. net, tax and total are exact integers in minor units (cents for USD) in
     csv, json and parquet; table and html (one self-contained file, with charts) show currency units. Invoices of
     a closed --period also name the pending difference (what the next close would issue)."""
+    from shared.settings import Settings
     from store import Store, reports  # pandas and the report writers: only for the commands that report
     from store.queries import Filters
 
@@ -322,6 +336,8 @@ def _poison_targets(
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def poison_list(as_json: bool) -> None:
     """Per queue: how many messages were poisoned, and the first ones with their reasons."""
+    from . import poison
+
     found = asyncio.run(poison.overview(resolve()))
     if as_json:
         click.echo(
@@ -338,6 +354,8 @@ def _poison_action(action: PoisonAction, verb: str) -> click.Command:
     @click.option("--queue", help="Only this pipeline queue (default: all of them).")
     @click.option("--all", "every", is_flag=True, help="Every entry of the chosen queues.")
     def command(ids: tuple[str, ...], queue: str | None, every: bool) -> None:
+        from . import poison
+
         settings, queues, chosen = _poison_targets(ids, queue, every)
         entries = asyncio.run(poison.act(settings, action, queues=queues, ids=chosen))
         if action == "show":
@@ -380,7 +398,16 @@ def generate_command(rows: int, seed: int, fmt: str, out: Path) -> None:
 
 
 ledger.add_commands(cli)  # reference, void, close, documents
-cli.add_command(unbilled.resubmit)
+
+
+@cli.command("resubmit")
+@click.argument("batch_id")
+def resubmit_command(batch_id: str) -> None:
+    """Send again the request of a batch whose file sits in the inbox and that no batch accounts for (`billing
+    status` lists them). A batch already accounted for, or without a file in the inbox, is refused."""
+    from . import unbilled
+
+    unbilled.resubmit(batch_id)
 
 
 @cli.command("demo")
@@ -619,8 +646,9 @@ def bench_command(
 )
 @click.option(
     "--window",
-    type=click.FloatRange(min=2 * STATE_INTERVAL),
-    help="Instead: measure the running roles this many seconds; project that rate all day.",
+    type=float,
+    help="Instead: measure the running roles this many seconds (two refreshes of their state at least); "
+    "project that rate all day.",
 )
 @click.option("--requests-per-1000", type=float, help="Storage requests per 1,000 transactions.")
 @click.option("--idle-requests-per-hour", type=float, help="Storage requests per idle hour per processor.")
@@ -655,6 +683,13 @@ def cost_command(
     as_json: bool,
 ) -> None:
     """Project monthly cost from measured requests, and compute the whitepaper's idle example."""
+    if window is not None:
+        from shared.messaging.service import STATE_INTERVAL  # the roles' runtime: only for this measure
+
+        if window < 2 * STATE_INTERVAL:
+            raise click.BadParameter(
+                f"{window:g} s is shorter than two refreshes of the roles' state", param_hint="--window"
+            )
     if window is not None or whitepaper:
         rate_options = (
             "from_bench",
@@ -676,6 +711,8 @@ def cost_command(
     prices = cost.Prices.load(prices_file or cost.PRICES)
     result: dict[str, object] = {}
     if window is not None:
+        from shared.settings import Settings
+
         settings = Settings()
         measured = cost.measure_window(settings, window)
         if not measured["roles"]:

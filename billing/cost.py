@@ -15,13 +15,15 @@ import tomllib
 from dataclasses import asdict, dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from rich.console import Console
 from rich.table import Table
 
 from shared.errors import InputError
-from shared.settings import Settings
+
+if TYPE_CHECKING:
+    from shared.settings import Settings
 
 PRICES = Path(__file__).with_name("prices.toml")
 DAYS_PER_MONTH = 30  # as the whitepaper counts
@@ -130,7 +132,7 @@ def from_bench(path: Path, design: Design = "optimised") -> dict[str, float]:
 def measure_window(settings: Settings, seconds: float) -> dict[str, Any]:
     """Requests per hour made by the roles running under ``settings.home``: each role's counts
     between two of its state snapshots ``seconds`` apart, over the time between the snapshots."""
-    from shared.messaging.runtime import role_states  # the roles' runtime: only for this measure
+    from shared.messaging.processes import role_states
 
     before = {state["pid"]: state for state in role_states(settings)}
     time.sleep(seconds)

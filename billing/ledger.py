@@ -1,6 +1,7 @@
 """``billing reference``, ``billing void``, ``billing close``, ``billing documents``: the commands of the ledger
 (thin: parse, then delegate to :mod:`billing.client` and the store library, :mod:`store.ledger` and
-:mod:`store.documents`). Tables show money in the currency's own units; JSON keeps integer minor units."""
+:mod:`store.documents`). Tables show money in the currency's own units; JSON keeps integer minor units.
+As in :mod:`billing.cli`, what only a command needs is imported when it runs."""
 
 from __future__ import annotations
 
@@ -13,7 +14,6 @@ import click
 
 from shared.localstack import resolve
 from shared.logs import redact
-from shared.rules.reference import money
 
 if TYPE_CHECKING:
     import sqlalchemy as sa
@@ -195,6 +195,8 @@ def documents_show(number: int, fmt: str, output: Path | None) -> None:
 
 def _document_table(found: Document) -> str:
     """The document as terminal text, money in the currency's units."""
+    from shared.rules.reference import money  # Arrow and NumPy: only where money is shown
+
     head = [
         f"{found.kind.capitalize()} No. {found.number}",
         f"period {found.period}   account {found.account_id}   currency {found.currency}",
@@ -224,6 +226,7 @@ def _document_table(found: Document) -> str:
 def pending_report(engine: sa.Engine, period: str, accounts: tuple[str, ...], currencies: tuple[str, ...]) -> list[str]:
     """What ``billing report invoices --period P`` says of the period's documents: open; or closed, and what its
     next close would issue (the pending difference) for the accounts and currencies asked for (empty: any)."""
+    from shared.rules.reference import money
     from store.documents import periods
 
     found = periods(engine, period)
@@ -245,6 +248,8 @@ def pending_report(engine: sa.Engine, period: str, accounts: tuple[str, ...], cu
 
 
 def _summary(doc: Document) -> str:
+    from shared.rules.reference import money
+
     amounts = "  ".join(f"{m} {money(getattr(doc, m), doc.currency)}" for m in ("net", "tax", "total"))
     return f"{doc.number}  {doc.kind:<10}  {doc.period}  {doc.account_id}  {amounts}"
 

@@ -23,7 +23,8 @@ def wait_with_progress(
     """Wait for batches with a progress bar each, of recorded work items; ``watch`` is shown their statuses
     at each look too (it may print above the bars on ``console``)."""
     columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with Progress(*columns, console=console, transient=True) as bar:
+    # Off a terminal nothing would show the bars (they are transient), but drawing them would still cost CPU.
+    with Progress(*columns, console=console, transient=True, disable=not console.is_terminal) as bar:
         tasks = {batch_id: bar.add_task(f"batch {batch_id[:16]}: waiting", total=None) for batch_id in batch_ids}
 
         def show(statuses: Mapping[str, BatchStatus | None]) -> None:

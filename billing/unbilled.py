@@ -68,11 +68,9 @@ def echo(files: Sequence[InboxFile] | None) -> None:
         click.echo(f"unbilled batch_id={file.batch_id} source={file.source} age_seconds={file.age():.0f}")
 
 
-@click.command("resubmit")
-@click.argument("batch_id")
 def resubmit(batch_id: str) -> None:
-    """Send again the request of a batch whose file sits in the inbox and that no batch accounts for (`billing
-    status` lists them). A batch already accounted for, or without a file in the inbox, is refused."""
+    """``billing resubmit``: send again the request of a batch whose file sits in the inbox and that no batch
+    accounts for; one already accounted for, or without a file in the inbox, is refused."""
     from store import Store
     from store.batches import accounted
 

@@ -28,13 +28,6 @@ from __future__ import annotations
 
 import sys
 
-from azure.core.exceptions import (
-    ClientAuthenticationError,
-    HttpResponseError,
-    ServiceRequestError,
-    ServiceResponseError,
-)
-
 #: HTTP statuses below 500 that still say "try again later": request timeout, too many requests.
 TRANSIENT_STATUSES = frozenset({408, 429})
 
@@ -78,6 +71,13 @@ def is_transient(exc: BaseException) -> bool:
     settings or credentials, refused requests and errors of unknown kind."""
     if isinstance(exc, BillingError):
         return isinstance(exc, InfrastructureError)
+    from azure.core.exceptions import (  # here: the command line imports this module, not always the SDK
+        ClientAuthenticationError,
+        HttpResponseError,
+        ServiceRequestError,
+        ServiceResponseError,
+    )
+
     # The Service Bus SDK is loaded only where a bus is configured: if it is not, exc is none of its errors.
     if (bus := sys.modules.get("azure.servicebus.exceptions")) is not None and isinstance(exc, bus.ServiceBusError):
         return not isinstance(exc, (bus.ServiceBusAuthenticationError, bus.ServiceBusAuthorizationError))

@@ -13,13 +13,13 @@ import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
-
-from pydantic import SecretStr
+from typing import TYPE_CHECKING, Any
 
 from shared.errors import BillingError
 from shared.messaging.processes import pid_alive
-from shared.settings import Settings
+
+if TYPE_CHECKING:
+    from shared.settings import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
 AZURITE_BIN = ROOT / "node_modules" / ".bin" / "azurite"
@@ -278,6 +278,10 @@ class AzuriteStack:
 
 def resolve(settings: Settings | None = None, **overrides: Any) -> Settings:
     """Settings with a storage account: the configured one, or the local stack (started if needed)."""
+    from pydantic import SecretStr
+
+    from shared.settings import Settings  # here: the command line imports this module for its help too
+
     settings = settings or Settings()
     if overrides:
         settings = settings.model_copy(update={k: v for k, v in overrides.items() if v is not None})

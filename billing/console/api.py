@@ -20,7 +20,7 @@ from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, Field
 
-from shared.messaging.runtime import role_states
+from shared.messaging.processes import role_states
 from shared.messaging.storage import Storage
 from shared.settings import Settings, poison_queue_name
 from store import BatchState, Store, queries

@@ -14,7 +14,7 @@ from urllib.parse import urlencode
 from fastapi import APIRouter, Form, HTTPException, Path, Query, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
-from shared.messaging.runtime import role_states
+from shared.messaging.processes import role_states
 from store import BatchState, queries
 from store.queries import Filters
 

@@ -1,11 +1,16 @@
-"""Processes of this machine, and which machine this is."""
+"""Processes of this machine, which machine this is, and the state the role processes keep."""
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import socket
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ..settings import Settings
 
 
 def pid_alive(pid: int) -> bool:
@@ -30,3 +35,17 @@ def machine_identity() -> str:
         return f"{boot}:{os.stat('/proc/self/ns/net').st_ino}"
     except OSError:  # no procfs: the host name is the best there is
         return socket.gethostname()
+
+
+def role_states(settings: Settings) -> list[dict[str, Any]]:
+    """The live state of every role process running under ``settings.home`` (listeners, requests
+    made by kind, peak memory), as each keeps it in ``home/state/<role>-<pid>.json``."""
+    states = []
+    for path in sorted((settings.home / "state").glob("*-*.json")):
+        try:
+            state = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue  # being replaced this instant
+        if pid_alive(int(state["pid"])):
+            states.append(state)
+    return states

@@ -3,17 +3,15 @@
 from __future__ import annotations
 
 import inspect
-import json
 import logging
 import os
 from collections.abc import Awaitable
-from typing import Any, Protocol
+from typing import Protocol
 
 from .. import telemetry
 from ..settings import Settings
 from . import health
 from .backoff import patiently
-from .processes import pid_alive
 from .service import Service, serve
 from .storage import Storage
 from .triggers import TriggerBus, trigger_bus
@@ -51,17 +49,3 @@ async def run_role(name: str, build: RoleFactory, settings: Settings, *, burst: 
 
             service = await serve(build_service, state_file=settings.home / "state" / f"{name}-{os.getpid()}.json")
         logging.getLogger(name).info("stopped; storage requests: %s", service.state()["requests"])
-
-
-def role_states(settings: Settings) -> list[dict[str, Any]]:
-    """The live state of every role process running under ``settings.home`` (listeners, requests
-    made by kind, peak memory), as each keeps it in ``home/state/<role>-<pid>.json``."""
-    states = []
-    for path in sorted((settings.home / "state").glob("*-*.json")):
-        try:
-            state = json.loads(path.read_text())
-        except (OSError, ValueError):
-            continue  # being replaced this instant
-        if pid_alive(int(state["pid"])):
-            states.append(state)
-    return states

@@ -19,7 +19,6 @@ A first occurrence that is otherwise valid is counted at once, as are rows whose
 from __future__ import annotations
 
 import numpy as np
-import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -57,6 +56,8 @@ class FirstOccurrences:
     @staticmethod
     def hashes(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The 64-bit and the 32-bit part of each id's hash (``ids``: an object array of str)."""
+        import pandas as pd  # here: the store imports this module, and most commands reading it need no pandas
+
         first, second = (pd.util.hash_array(ids, hash_key=key, categorize=False) for key in _HASH_KEYS)
         return first, (second >> np.uint64(32)).astype(np.uint32)
 

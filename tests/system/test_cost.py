@@ -16,7 +16,7 @@ import pytest
 from benchmarks.listener import ListenerBench
 from benchmarks.pipeline import BenchReport, PipelineRun
 from billing.cost import Prices
-from shared.messaging.runtime import role_states
+from shared.messaging.processes import role_states
 from shared.settings import Settings
 from support.roles import Roles
 from support.waiting import wait_until

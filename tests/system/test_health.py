@@ -16,7 +16,7 @@ from pydantic import SecretStr
 
 from benchmarks.fault_proxy import FaultProxy
 from billing.sample import generate
-from shared.messaging.runtime import role_states
+from shared.messaging.processes import role_states
 from shared.settings import Settings
 from support.exact import billing
 from support.probes import by_label, probe, scrape, total
