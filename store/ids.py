@@ -20,7 +20,7 @@ across batches").
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,6 +37,8 @@ from .items import CHUNK, chunks
 from .ledger import take_numbers
 from .schema import batches, counters, held, ledger_id_parts, ledger_ids, rejects
 
+#: An id as the ledger finds it: its hash and its text.
+IdKey = tuple[int, str]
 #: Ids a segment takes before the next one starts.
 SEGMENT_ROWS = 1 << 20
 #: The counter of ids recorded (what fills the segments).
@@ -51,6 +53,9 @@ _NEW_PART = {
     name: insert(ledger_id_parts).on_conflict_do_nothing(index_elements=["batch_id", "part"])
     for name, insert in (("postgresql", postgresql.insert), ("sqlite", sqlite.insert))
 }
+_DELETE_ID = sa.delete(ledger_ids).where(
+    *(ledger_ids.c[name] == sa.bindparam(name) for name in ("segment", "id_hash", "batch_key", "row"))
+)
 _PG_INSERT = sa.text(
     f"INSERT INTO ledger_ids ({_COLUMNS}) SELECT :segment, h, s, r, t FROM unnest("
     "CAST(:hashes AS bigint[]), CAST(:keys AS bigint[]), CAST(:rows AS bigint[]), CAST(:ids AS text[]))"
@@ -142,12 +147,15 @@ def waiting_batches(conn: sa.Connection) -> list[str]:
     return list(conn.scalars(query))
 
 
-def decide(conn: sa.Connection, row: Mapping[str, Any], firsts: Sequence[int], settled: Mapping[int, str]) -> Verdict:
+def decide(
+    conn: sa.Connection, row: Mapping[str, Any], firsts: Mapping[int, IdKey], settled: Mapping[int, str]
+) -> Verdict:
     """The ledger's verdict on batch ``row`` (its ``seq`` set), whose held rows repeat the first occurrences
-    ``firsts``; ``settled`` maps the seq of batches settled earlier in this transaction to their new state."""
+    ``firsts`` (their ids: :func:`own_ids`); ``settled`` maps the seq of batches settled earlier in this
+    transaction to their new state."""
     seq = row["seq"]
     unfiltered = _unfiltered(conn, row)
-    hits = _earlier_rows(conn, seq, _own_ids(conn, row, firsts))
+    hits = _earlier_rows(conn, seq, firsts)
 
     def state(hit: _Hit) -> str:
         return settled.get(hit.batch_seq, hit.state)
@@ -165,12 +173,20 @@ def decide(conn: sa.Connection, row: Mapping[str, Any], firsts: Sequence[int], s
     return Verdict(taken={hit.row for hit in hits if state(hit) == BatchState.complete})
 
 
-def forget_uncounted(conn: sa.Connection, row: Mapping[str, Any], kept_firsts: Iterable[int]) -> None:
-    """Delete the ids batch ``row`` did not count: of its rejected rows, those whose id no kept row counts."""
-    rejected = set(conn.scalars(sa.select(rejects.c.row).where(rejects.c.batch_id == row["batch_id"])))
-    delete = sa.delete(ledger_ids).where(*_of_batch(ledger_ids, row["id_segment"], row["id_key"]))
-    for chunk in chunks(sorted(rejected - set(kept_firsts)), _SCAN_ROWS):
-        conn.execute(delete.where(ledger_ids.c.row.in_(chunk)))
+def rejected_rows(conn: sa.Connection, batch_id: str) -> set[int]:
+    """The rows of a batch rejected so far."""
+    return set(conn.scalars(sa.select(rejects.c.row).where(rejects.c.batch_id == batch_id)))
+
+
+def forget_uncounted(conn: sa.Connection, row: Mapping[str, Any], uncounted: Mapping[int, IdKey]) -> None:
+    """Delete the ids batch ``row`` did not count (rows → their ids, :func:`own_ids`): of its rejected rows, those
+    whose id no kept row counts. Each is deleted by its whole key."""
+    keys = [
+        {"segment": row["id_segment"], "id_hash": id_hash, "batch_key": row["id_key"], "row": number}
+        for number, (id_hash, _) in sorted(uncounted.items())
+    ]
+    if keys:
+        conn.execute(_DELETE_ID, keys)
 
 
 def release(conn: sa.Connection, row: Mapping[str, Any]) -> None:
@@ -218,13 +234,14 @@ def _marked(conn: sa.Connection, row: Mapping[str, Any]) -> set[int]:
     return set(conn.scalars(query))
 
 
-def _own_ids(conn: sa.Connection, row: Mapping[str, Any], firsts: Sequence[int]) -> dict[int, tuple[int, str]]:
-    """Row → (hash, id) of batch ``row``'s first occurrences ``firsts``."""
+def own_ids(conn: sa.Connection, row: Mapping[str, Any], numbers: Iterable[int]) -> dict[int, IdKey]:
+    """Row → (hash, id) of batch ``row``'s recorded ids of rows ``numbers`` (first occurrences; others have none),
+    read in one pass over its segment (a pass per so many rows)."""
     query = sa.select(ledger_ids.c.row, ledger_ids.c.id_hash, ledger_ids.c.transaction_id).where(
         *_of_batch(ledger_ids, row["id_segment"], row["id_key"])
     )
     found = {}
-    for chunk in chunks(sorted(firsts), _SCAN_ROWS):
+    for chunk in chunks(sorted(numbers), _SCAN_ROWS):
         found.update(
             {r.row: (r.id_hash, r.transaction_id) for r in conn.execute(query.where(ledger_ids.c.row.in_(chunk)))}
         )
@@ -237,7 +254,7 @@ def _segments(conn: sa.Connection) -> list[int]:
     return list(range(max(recorded - 1, 0) // SEGMENT_ROWS + 1))
 
 
-def _earlier_rows(conn: sa.Connection, seq: int, own: Mapping[int, tuple[int, str]]) -> list[_Hit]:
+def _earlier_rows(conn: sa.Connection, seq: int, own: Mapping[int, IdKey]) -> list[_Hit]:
     """For each of ``own`` (row → hash, id), the earlier batches, not voided, holding the same id."""
     if not own:
         return []
