@@ -41,7 +41,10 @@ class SharedFilter:
             return self._filter
         if self._filter is None or properties.etag != self._etag:
             download = await self._blob.download_blob()
-            data = await download.readall()
+            data, at = bytearray(download.size), 0  # filled in place: the filter's one copy
+            async for chunk in download.chunks():
+                data[at : at + len(chunk)] = chunk
+                at += len(chunk)
             self._filter = IdFilter(len(data) * 8, data)
             self._etag, self.serial = download.properties.etag, int(download.properties.metadata[SERIAL])
         return self._filter
@@ -59,7 +62,11 @@ class SharedFilter:
             )
             try:
                 written = await self._blob.upload_blob(
-                    current.to_bytes(), overwrite=True, metadata={SERIAL: str(serial)}, **conditions
+                    current.chunks(),
+                    length=current.bits // 8,
+                    overwrite=True,
+                    metadata={SERIAL: str(serial)},
+                    **conditions,
                 )
             except (ResourceModifiedError, ResourceExistsError):
                 self._filter = None  # someone merged first: read theirs, merge again

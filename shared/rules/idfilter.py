@@ -11,6 +11,8 @@ candidates), so it never misses one.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import numpy as np
 
 #: Bits set per id.
@@ -33,17 +35,25 @@ _WORD = np.dtype("<u8")
 class IdFilter:
     """A blocked Bloom filter of ``bits`` bits (a power of two, at least 64)."""
 
-    def __init__(self, bits: int, data: bytes | None = None) -> None:
+    def __init__(self, bits: int, data: bytes | bytearray | None = None) -> None:
+        """An empty filter, or the one ``data`` holds (used in place when it is a ``bytearray``, else copied)."""
         if bits < 64 or bits & (bits - 1):
             raise ValueError(f"an id filter's size is a power of two of at least 64 bits, not {bits}")
         self.bits = bits
-        self._words = np.zeros(bits // 64, _WORD) if data is None else np.frombuffer(data, _WORD).copy()
+        words = np.zeros(bits // 64, _WORD) if data is None else np.frombuffer(data, _WORD)
+        self._words = words if words.flags.writeable else words.copy()
         if len(self._words) * 64 != bits:
             raise ValueError(f"an id filter of {bits} bits holds {bits // 8} bytes, not {len(self._words) * 8}")
 
     def to_bytes(self) -> bytes:
         """The filter's bits, as :class:`IdFilter` reads them back."""
         return self._words.tobytes()
+
+    def chunks(self, size: int = 4 << 20) -> Iterator[bytes]:
+        """:meth:`to_bytes` in pieces of ``size`` bytes, one copy of a piece at a time."""
+        view = self._words.data.cast("B")
+        for start in range(0, len(view), size):
+            yield bytes(view[start : start + size])
 
     def add(self, hashes: np.ndarray) -> None:
         """Remember the ids of these hashes (uint64)."""

@@ -1,5 +1,6 @@
 """The id filter as initiators share it, on Azurite: merges by two initiators at once both land (conditional
-writes), each with its own serial; a reader sees every merge; the size is the first writer's."""
+writes), each with its own serial; a reader sees every merge; the size is the first writer's; a filter of several
+transfers is written from pieces and read into place whole."""
 
 from __future__ import annotations
 
@@ -31,3 +32,16 @@ async def test_two_initiators_merging_at_once_both_land_with_serials_in_order(
     assert seen.might_contain(np.concatenate([_hashes(1), _hashes(2)])).all()
     assert await first.merge(_hashes(3)) == 3  # its copy was stale: read again, merged
     assert (await second.load()).might_contain(_hashes(3)).all() and second.serial == 3
+
+
+async def test_a_filter_larger_than_a_transfer_is_written_and_read_whole(
+    storage: Storage, settings_env: Settings
+) -> None:
+    writer = SharedFilter(storage, container=settings_env.work_container, bits=1 << 27)  # 16 MiB: pieces of 4
+    await writer.load()
+    hashes = _hashes(4)  # their words spread over every piece
+    assert await writer.merge(hashes) == 1
+    reader = SharedFilter(storage, container=settings_env.work_container, bits=64)
+    seen = await reader.load()
+    assert seen.bits == 1 << 27 and seen.to_bytes() == (await writer.load()).to_bytes()
+    assert seen.might_contain(hashes).all() and not seen.might_contain(_hashes(5)).any()
