@@ -57,6 +57,9 @@ from .pipeline import DEFAULT_FILE, DEFAULT_STORE, PipelineRun, _batch_file, run
 from .postgres import PostgresServer
 
 T = TypeVar("T")
+#: Ids in each synthetic batch of a loaded ledger.
+LEDGER_BATCH_ROWS = 1_000_000
+_FILTER_SLICE = 100_000
 #: The roles whose CPU and peak RSS are reported.
 ROLES = ("initiator", "processor", "rating worker", "controller")
 
@@ -153,24 +156,42 @@ def apply(store: Store, cut: Cut, *, group: int = 4) -> float:
     return time.perf_counter() - started
 
 
-def load_ledger(store: Store, shared: InProcess, ids: int, *, batch_rows: int = 1_000_000) -> None:
+def load_ledger(store: Store, ids: int, *, batch_rows: int = LEDGER_BATCH_ROWS) -> int:
     """Fill an empty ledger with ``ids`` synthetic ids of complete batches of ``batch_rows``, each in the segment
-    the controller would have given it, sorted by hash, its seq its key; their bits in the filter."""
+    the controller would have given it, sorted by hash, its seq its key: the number of batches."""
     now = datetime.now(UTC)
     loaded = []
     with writing(store.engine) as conn:
-        for seq, first in enumerate(range(0, ids, batch_rows), start=1):
-            numbers = np.arange(first, min(first + batch_rows, ids), dtype=np.int64)
-            texts = pc.binary_join_element_wise("ledger-", pa.array(numbers).cast(pa.string()), "")
-            hashes, segment = id_hashes(texts), first // SEGMENT_ROWS
-            insert_ids(conn, segment, hashes, np.full(len(numbers), seq), numbers - first + 1, texts)
-            shared.filter.add(hashes.view(np.uint64))
-            loaded.append(_loaded_batch(f"ledger-{seq:06d}", seq, len(numbers), segment, now))
+        for seq, first, texts, hashes in _ledger_batches(ids, batch_rows):
+            rows, segment = len(texts), first // SEGMENT_ROWS
+            insert_ids(conn, segment, hashes, np.full(rows, seq), np.arange(1, rows + 1), texts)
+            loaded.append(_loaded_batch(f"ledger-{seq:06d}", seq, rows, segment, now))
         conn.execute(sa.insert(batches), loaded)
         conn.execute(sa.delete(counters).where(counters.c.name.in_((BATCH_SEQ, IDS, ID_KEYS))))
         numbered = (BATCH_SEQ, len(loaded)), (IDS, ids), (ID_KEYS, len(loaded))
         conn.execute(sa.insert(counters), [{"name": name, "value": value} for name, value in numbered])
-    shared.serial = len(loaded)
+    return len(loaded)
+
+
+def ledger_filter(ids: int, bits: int, *, batch_rows: int = LEDGER_BATCH_ROWS) -> tuple[IdFilter, int]:
+    """The id filter of :func:`load_ledger`'s ledger of ``ids`` ids, and its serial (the batches merged); the ids
+    hashed a slice at a time, so that little besides the filter is held."""
+    merged = IdFilter(bits)
+    for first in range(0, ids, _FILTER_SLICE):
+        merged.add(id_hashes(_ledger_ids(first, min(first + _FILTER_SLICE, ids))).view(np.uint64))
+    return merged, -(-ids // batch_rows)
+
+
+def _ledger_batches(ids: int, batch_rows: int) -> Iterator[tuple[int, int, pa.Array, np.ndarray]]:
+    """The synthetic batches of a ledger of ``ids`` ids, one at a time: seq, first id number, ids, their hashes."""
+    for seq, first in enumerate(range(0, ids, batch_rows), start=1):
+        texts = _ledger_ids(first, min(first + batch_rows, ids))
+        yield seq, first, texts, id_hashes(texts)
+
+
+def _ledger_ids(first: int, end: int) -> pa.Array:
+    """The synthetic ids numbered ``first`` to ``end`` (excluded)."""
+    return pc.binary_join_element_wise("ledger-", pa.array(np.arange(first, end, dtype=np.int64)).cast(pa.string()), "")
 
 
 def _loaded_batch(batch_id: str, seq: int, rows: int, segment: int, now: datetime) -> dict[str, object]:
@@ -202,8 +223,10 @@ class LedgerRun:
 
     ledger_ids: int
     pipeline: PipelineRun
-    prepare_seconds: float  # migrating the store, loading the ids into SQL and writing the filter blob
-    prepare_rss_mib: float  # peak RSS of the process that did it
+    load_seconds: float  # migrating the store and loading the ids into it
+    load_rss_mib: float  # peak RSS of the process that did it
+    filter_seconds: float  # building the ids' filter and writing its blob
+    filter_rss_mib: float  # peak RSS of the process that did it (and counted the marked rows)
     marked_rows: int  # rows the initiator marks for the exact check: the batch's repeats and the filter's candidates
     load_average: list[float]  # this machine's 1, 5, 15 min load as the roles started
 
@@ -225,10 +248,10 @@ def run_ledger(
     def prepare(settings: Settings) -> None:
         source = _batch_file(rows, data_dir, console, messy=DEFAULT_FILE == "messy")
         with console.status(f"{kind}: loading {ledger_ids:,} ids"):
-            (prepared["seconds"], prepared["marked"]), prepared["rss"] = _in_child(
-                _prepare, settings, ledger_ids, source
-            )
-        prepared["load"] = [round(figure, 2) for figure in os.getloadavg()]
+            prepared["load"] = _in_child(_load_sql, settings.sql_url_value, ledger_ids)
+            (seconds, prepared["marked"]), rss = _in_child(_load_filter, settings, ledger_ids, source)
+            prepared["filter"] = seconds, rss
+        prepared["load_average"] = [round(figure, 2) for figure in os.getloadavg()]
 
     with _database(kind) as url, console.status(f"{kind}: {rows:,} rows on a ledger of {ledger_ids:,} ids"):
         pipeline = run_pipeline(
@@ -244,10 +267,12 @@ def run_ledger(
     return LedgerRun(
         ledger_ids=ledger_ids,
         pipeline=pipeline,
-        prepare_seconds=round(prepared["seconds"], 2),
-        prepare_rss_mib=round(prepared["rss"], 1),
+        load_seconds=round(prepared["load"][0], 2),
+        load_rss_mib=round(prepared["load"][1], 1),
+        filter_seconds=round(prepared["filter"][0], 2),
+        filter_rss_mib=round(prepared["filter"][1], 1),
         marked_rows=prepared["marked"],
-        load_average=prepared["load"],
+        load_average=prepared["load_average"],
     )
 
 
@@ -292,30 +317,39 @@ def _child(
     answers.put(("ok", (result, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)))
 
 
-def _prepare(settings: Settings, ids: int, source: Path) -> tuple[float, int]:
-    """Migrate the store, load ``ids`` ids into it and their filter into the work container as the initiators
-    keep it: wall seconds; then the rows of ``source`` the initiator will mark against that filter."""
+def _load_sql(url: str, ids: int) -> float:
+    """Migrate the store and load a ledger of ``ids`` ids into it: wall seconds."""
     started = time.perf_counter()
-    shared = InProcess(bits=settings.ledger_filter_bits)
-    with Store(settings.sql_url_value) as store:
+    with Store(url) as store:
         if ids:
-            load_ledger(store, shared, ids)
+            load_ledger(store, ids)
+    return time.perf_counter() - started
+
+
+def _load_filter(settings: Settings, ids: int, source: Path) -> tuple[float, int]:
+    """Write the filter of a ledger of ``ids`` ids into the work container as the initiators keep it: wall
+    seconds; and the rows of ``source`` the initiator will mark against it."""
+    started = time.perf_counter()
+    built, serial = ledger_filter(ids, settings.ledger_filter_bits)
+    seconds = time.perf_counter() - started
+    marked = _marked_rows(source, built, settings.work_item_size)
     if ids:
-        asyncio.run(_write_filter(settings, shared))
-    return time.perf_counter() - started, _marked_rows(source, shared.filter, settings.work_item_size)
+        started = time.perf_counter()
+        data = built.to_bytes()
+        del built  # one copy of the filter at a time
+        asyncio.run(_write_filter(settings, data, serial))
+        seconds += time.perf_counter() - started
+    return seconds, marked
 
 
-async def _write_filter(settings: Settings, shared: InProcess) -> None:
+async def _write_filter(settings: Settings, data: bytes, serial: int) -> None:
     """The filter blob as :class:`initiator.ledger_filter.SharedFilter`'s first merge writes it: its serial the
     number of batches merged, written only where none is stored yet."""
     async with Storage(settings) as storage:
         await storage.ensure(containers=[settings.work_container])
         blob = storage.container(settings.work_container).get_blob_client(BLOB)
         await blob.upload_blob(
-            shared.filter.to_bytes(),
-            overwrite=True,
-            metadata={SERIAL: str(shared.serial)},
-            match_condition=MatchConditions.IfMissing,
+            data, overwrite=True, metadata={SERIAL: str(serial)}, match_condition=MatchConditions.IfMissing
         )
 
 
@@ -388,7 +422,8 @@ def _table(store: str, runs: list[LedgerRun]) -> Table:
         *((f"{role}: CPU s, peak RSS MiB", _role_cell(role)) for role in ROLES),
         ("rows marked for the exact check", lambda one: f"{one.marked_rows:,}"),
         ("load average (1 min) as the roles started", lambda one: f"{one.load_average[0]:.1f}"),
-        ("preparing the store: s, peak RSS MiB", lambda one: f"{one.prepare_seconds:.0f}, {one.prepare_rss_mib:.0f}"),
+        ("loading the ids into SQL: s, peak RSS MiB", lambda one: f"{one.load_seconds:.0f}, {one.load_rss_mib:.0f}"),
+        ("writing their filter: s, peak RSS MiB", lambda one: f"{one.filter_seconds:.0f}, {one.filter_rss_mib:.0f}"),
     ]
     for label, cell in lines:
         table.add_row(label, *map(cell, runs))
