@@ -328,18 +328,14 @@ def _load_sql(url: str, ids: int) -> float:
 
 def _load_filter(settings: Settings, ids: int, source: Path) -> tuple[float, int]:
     """Write the filter of a ledger of ``ids`` ids into the work container as the initiators keep it: wall
-    seconds; and the rows of ``source`` the initiator will mark against it."""
+    seconds; then the rows of ``source`` the initiator will mark against it (one copy of the filter's bits at
+    a time)."""
     started = time.perf_counter()
     built, serial = ledger_filter(ids, settings.ledger_filter_bits)
-    seconds = time.perf_counter() - started
-    marked = _marked_rows(source, built, settings.work_item_size)
     if ids:
-        started = time.perf_counter()
-        data = built.to_bytes()
-        del built  # one copy of the filter at a time
-        asyncio.run(_write_filter(settings, data, serial))
-        seconds += time.perf_counter() - started
-    return seconds, marked
+        asyncio.run(_write_filter(settings, built.to_bytes(), serial))
+    seconds = time.perf_counter() - started
+    return seconds, _marked_rows(source, built, settings.work_item_size)
 
 
 async def _write_filter(settings: Settings, data: bytes, serial: int) -> None:
