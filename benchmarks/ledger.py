@@ -1,29 +1,30 @@
-"""The ledger benchmark (``billing bench-ledger``): a 1,000,000-row batch on an empty ledger and on one that
-already holds 50,000,000 transaction ids, side by side, on SQLite or PostgreSQL.
+"""The ledger benchmark (``billing bench-ledger``): the batch ``billing bench`` headlines (1,000,000 rows, the
+messy file, Azurite persisted) on an empty ledger and on one that already holds 50,000,000 transaction ids, side
+by side, on SQLite or PostgreSQL.
 
-The large ledger is loaded in bulk: synthetic ids of complete batches, each batch's in one statement series
-sorted by hash into the segment the controller would have given it (:func:`store.ids.insert_ids`), their bits in
-the id filter. The batch
-then goes through the roles' code (:class:`InProcess`), each role's part in a process of its own, one after
-the other: the initiator's cut, marking with the filter and merge; the processors' rating (one process here);
-the controller's ``Store.apply`` of the manifest (its ids recorded) and of the results (held rows decided
-against the ledger). Each part's wall time and peak RSS are reported, and the batch's time is their sum.
+Each run is :func:`benchmarks.pipeline.run_pipeline`'s: a fresh Azurite and store, the real role processes,
+``billing submit --wait`` timed, CPU and peak RSS per role. Before the roles start, the store is migrated and
+the large ledger loaded in bulk (:func:`load_ledger`: synthetic ids of complete batches, each sorted by hash
+into the segment the controller would have given it) and its id filter written to the run's Azurite as the
+initiators keep it (:mod:`initiator.ledger_filter`). The runs go empty, loaded, empty again.
+
+:class:`InProcess`, :class:`Cut` and :func:`apply` run the roles' code on batches in one process, for tests.
 """
 
 from __future__ import annotations
 
-import contextlib
+import asyncio
 import io
 import json
 import multiprocessing
 import multiprocessing.queues
-import pickle
+import os
 import resource
 import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
@@ -32,14 +33,17 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import sqlalchemy as sa
+from azure.core import MatchConditions
 from rich.console import Console
 from rich.table import Table
 
-from billing.sample import generate, sample_price_book_bytes, sample_tax_table_bytes
+from billing.sample import sample_price_book_bytes, sample_tax_table_bytes
 from initiator.debatch import Debatch
+from initiator.ledger_filter import BLOB, SERIAL
 from processor.jobs import rate_work_items
 from shared import inbox
-from shared.protocol import IdsPart, Manifest, WorkHeader, WorkItemResult, parse_results
+from shared.messaging.storage import Storage
+from shared.protocol import IdsPart, Manifest, WorkHeader, WorkItemResult, decode_table, parse_results
 from shared.rules.idfilter import IdFilter
 from shared.rules.reference import load_price_book, load_tax_table
 from shared.settings import Settings
@@ -49,9 +53,15 @@ from store.ids import ID_KEYS, IDS, SEGMENT_ROWS, id_hashes, insert_ids
 from store.ledger import BATCH_SEQ
 from store.schema import batches, counters
 
+from .pipeline import DEFAULT_FILE, DEFAULT_STORE, PipelineRun, _batch_file, run_pipeline
 from .postgres import PostgresServer
 
 T = TypeVar("T")
+#: Ids in each synthetic batch of a loaded ledger.
+LEDGER_BATCH_ROWS = 1_000_000
+_FILTER_SLICE = 100_000
+#: The roles whose CPU and peak RSS are reported.
+ROLES = ("initiator", "processor", "rating worker", "controller")
 
 
 @dataclass
@@ -146,24 +156,42 @@ def apply(store: Store, cut: Cut, *, group: int = 4) -> float:
     return time.perf_counter() - started
 
 
-def load_ledger(store: Store, shared: InProcess, ids: int, *, batch_rows: int = 1_000_000) -> None:
+def load_ledger(store: Store, ids: int, *, batch_rows: int = LEDGER_BATCH_ROWS) -> int:
     """Fill an empty ledger with ``ids`` synthetic ids of complete batches of ``batch_rows``, each in the segment
-    the controller would have given it, sorted by hash, its seq its key; their bits in the filter."""
+    the controller would have given it, sorted by hash, its seq its key: the number of batches."""
     now = datetime.now(UTC)
     loaded = []
     with writing(store.engine) as conn:
-        for seq, first in enumerate(range(0, ids, batch_rows), start=1):
-            numbers = np.arange(first, min(first + batch_rows, ids), dtype=np.int64)
-            texts = pc.binary_join_element_wise("ledger-", pa.array(numbers).cast(pa.string()), "")
-            hashes, segment = id_hashes(texts), first // SEGMENT_ROWS
-            insert_ids(conn, segment, hashes, np.full(len(numbers), seq), numbers - first + 1, texts)
-            shared.filter.add(hashes.view(np.uint64))
-            loaded.append(_loaded_batch(f"ledger-{seq:06d}", seq, len(numbers), segment, now))
+        for seq, first, texts, hashes in _ledger_batches(ids, batch_rows):
+            rows, segment = len(texts), first // SEGMENT_ROWS
+            insert_ids(conn, segment, hashes, np.full(rows, seq), np.arange(1, rows + 1), texts)
+            loaded.append(_loaded_batch(f"ledger-{seq:06d}", seq, rows, segment, now))
         conn.execute(sa.insert(batches), loaded)
         conn.execute(sa.delete(counters).where(counters.c.name.in_((BATCH_SEQ, IDS, ID_KEYS))))
         numbered = (BATCH_SEQ, len(loaded)), (IDS, ids), (ID_KEYS, len(loaded))
         conn.execute(sa.insert(counters), [{"name": name, "value": value} for name, value in numbered])
-    shared.serial = len(loaded)
+    return len(loaded)
+
+
+def ledger_filter(ids: int, bits: int, *, batch_rows: int = LEDGER_BATCH_ROWS) -> tuple[IdFilter, int]:
+    """The id filter of :func:`load_ledger`'s ledger of ``ids`` ids, and its serial (the batches merged); the ids
+    hashed a slice at a time, so that little besides the filter is held."""
+    merged = IdFilter(bits)
+    for first in range(0, ids, _FILTER_SLICE):
+        merged.add(id_hashes(_ledger_ids(first, min(first + _FILTER_SLICE, ids))).view(np.uint64))
+    return merged, -(-ids // batch_rows)
+
+
+def _ledger_batches(ids: int, batch_rows: int) -> Iterator[tuple[int, int, pa.Array, np.ndarray]]:
+    """The synthetic batches of a ledger of ``ids`` ids, one at a time: seq, first id number, ids, their hashes."""
+    for seq, first in enumerate(range(0, ids, batch_rows), start=1):
+        texts = _ledger_ids(first, min(first + batch_rows, ids))
+        yield seq, first, texts, id_hashes(texts)
+
+
+def _ledger_ids(first: int, end: int) -> pa.Array:
+    """The synthetic ids numbered ``first`` to ``end`` (excluded)."""
+    return pc.binary_join_element_wise("ledger-", pa.array(np.arange(first, end, dtype=np.int64)).cast(pa.string()), "")
 
 
 def _loaded_batch(batch_id: str, seq: int, rows: int, segment: int, now: datetime) -> dict[str, object]:
@@ -189,18 +217,79 @@ def _loaded_batch(batch_id: str, seq: int, rows: int, segment: int, now: datetim
     )
 
 
+@dataclass(frozen=True)
+class LedgerRun:
+    """The bench's batch through the roles on a store whose ledger held ``ledger_ids`` ids."""
+
+    ledger_ids: int
+    pipeline: PipelineRun
+    load_seconds: float  # migrating the store and loading the ids into it
+    load_rss_mib: float  # peak RSS of the process that did it
+    filter_seconds: float  # building the ids' filter and writing its blob
+    filter_rss_mib: float  # peak RSS of the process that did it (and counted the marked rows)
+    marked_rows: int  # rows the initiator marks for the exact check: the batch's repeats and the filter's candidates
+    load_average: list[float]  # this machine's 1, 5, 15 min load as the roles started
+
+
+def run_ledger(
+    kind: str,
+    *,
+    rows: int,
+    ledger_ids: int,
+    bits: int,
+    data_dir: Path,
+    console: Console,
+    settle_seconds: float | None = None,
+) -> LedgerRun:
+    """The batch ``billing bench`` headlines (``rows`` rows) through a fresh local pipeline on ``kind``'s store,
+    that store and the id filter blob prepared with a ledger of ``ledger_ids`` ids before the roles start."""
+    prepared: dict[str, Any] = {}
+
+    def prepare(settings: Settings) -> None:
+        source = _batch_file(rows, data_dir, console, messy=DEFAULT_FILE == "messy")
+        with console.status(f"{kind}: loading {ledger_ids:,} ids"):
+            prepared["load"] = _in_child(_load_sql, settings.sql_url_value, ledger_ids)
+            (seconds, prepared["marked"]), rss = _in_child(_load_filter, settings, ledger_ids, source)
+            prepared["filter"] = seconds, rss
+        prepared["load_average"] = [round(figure, 2) for figure in os.getloadavg()]
+
+    with _database(kind) as url, console.status(f"{kind}: {rows:,} rows on a ledger of {ledger_ids:,} ids"):
+        pipeline = run_pipeline(
+            rows,
+            data_dir=data_dir,
+            console=console,
+            file=DEFAULT_FILE,
+            store=DEFAULT_STORE,
+            overrides={"ledger_filter_bits": bits, **({"sql_url": url} if url else {})},
+            prepare=prepare,
+            settle_seconds=settle_seconds,
+        )
+    return LedgerRun(
+        ledger_ids=ledger_ids,
+        pipeline=pipeline,
+        load_seconds=round(prepared["load"][0], 2),
+        load_rss_mib=round(prepared["load"][1], 1),
+        filter_seconds=round(prepared["filter"][0], 2),
+        filter_rss_mib=round(prepared["filter"][1], 1),
+        marked_rows=prepared["marked"],
+        load_average=prepared["load_average"],
+    )
+
+
 @contextmanager
-def _database(kind: str, folder: Path) -> Iterator[str]:
-    """A fresh, migrated database of ``kind`` under ``folder``: its URL."""
-    with contextlib.ExitStack() as stack:
-        url = f"sqlite:///{folder}/billing.db"
-        if kind == "postgresql":  # a folder of its own under /tmp: as root the server runs as `postgres`
-            data = stack.enter_context(tempfile.TemporaryDirectory(prefix="billing-bench-ledger-pg-"))
-            server = PostgresServer(data_dir=Path(data))
-            url = server.start()
-            stack.callback(server.stop)
-        Store(url).close()
-        yield url
+def _database(kind: str) -> Iterator[str | None]:
+    """A fresh PostgreSQL server's URL for ``postgresql``; None (the run's own SQLite file) for ``sqlite``."""
+    if kind != "postgresql":
+        yield None
+        return
+    with tempfile.TemporaryDirectory(
+        prefix="billing-bench-ledger-pg-"
+    ) as data:  # as root the server runs as `postgres`
+        server = PostgresServer(data_dir=Path(data))
+        try:
+            yield server.start()
+        finally:
+            server.stop()
 
 
 def _in_child(target: Callable[..., T], *args: object) -> tuple[T, float]:
@@ -228,91 +317,120 @@ def _child(
     answers.put(("ok", (result, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)))
 
 
-def _load(url: str, ids: int, bits: int, state: Path) -> float:
-    """Load the large ledger; keep the filter and its serial in ``state``; wall seconds."""
+def _load_sql(url: str, ids: int) -> float:
+    """Migrate the store and load a ledger of ``ids`` ids into it: wall seconds."""
     started = time.perf_counter()
-    shared = InProcess(bits=bits)
-    with Store(url, migrate=False) as store:
-        load_ledger(store, shared, ids)
-    state.write_bytes(pickle.dumps((shared.filter.to_bytes(), shared.serial)))
+    with Store(url) as store:
+        if ids:
+            load_ledger(store, ids)
     return time.perf_counter() - started
 
 
-def _shared(bits: int, state: Path) -> InProcess:
-    shared = InProcess(bits=bits)
-    if state.exists():
-        data, shared.serial = pickle.loads(state.read_bytes())
-        shared.filter = IdFilter(bits, data)
-    return shared
-
-
-def _initiator(source: Path, bits: int, state: Path, cut_file: Path) -> float:
-    """The initiator's part (the filter read, the cut and marking, the merge); wall seconds."""
+def _load_filter(settings: Settings, ids: int, source: Path) -> tuple[float, int]:
+    """Write the filter of a ledger of ``ids`` ids into the work container as the initiators keep it: wall
+    seconds; then the rows of ``source`` the initiator will mark against it (one copy of the filter's bits at
+    a time)."""
     started = time.perf_counter()
-    shared = _shared(bits, state)
-    cut_file.write_bytes(pickle.dumps(shared.cut_only("bench", source.read_bytes())))
-    return time.perf_counter() - started
+    built, serial = ledger_filter(ids, settings.ledger_filter_bits)
+    if ids:
+        asyncio.run(_write_filter(settings, built.to_bytes(), serial))
+    seconds = time.perf_counter() - started
+    return seconds, _marked_rows(source, built, settings.work_item_size)
 
 
-def _processor(bits: int, cut_file: Path, results_file: Path) -> float:
-    """The processors' part: rate every work item; wall seconds."""
-    work, manifest, ids = pickle.loads(cut_file.read_bytes())
-    started = time.perf_counter()
-    results = InProcess(bits=64).rate(work)
-    results_file.write_bytes(pickle.dumps(Cut(manifest, results, ids)))
-    return time.perf_counter() - started
+async def _write_filter(settings: Settings, data: bytes, serial: int) -> None:
+    """The filter blob as :class:`initiator.ledger_filter.SharedFilter`'s first merge writes it: its serial the
+    number of batches merged, written only where none is stored yet."""
+    async with Storage(settings) as storage:
+        await storage.ensure(containers=[settings.work_container])
+        blob = storage.container(settings.work_container).get_blob_client(BLOB)
+        await blob.upload_blob(
+            data, overwrite=True, metadata={SERIAL: str(serial)}, match_condition=MatchConditions.IfMissing
+        )
 
 
-def _controller(url: str, results_file: Path) -> tuple[float, dict[str, Any]]:
-    """The controller's part: apply the manifest and the results; wall seconds and the batch's status."""
-    cut = pickle.loads(results_file.read_bytes())
-    with Store(url, migrate=False) as store:
-        seconds = apply(store, cut)
-        status = store.batch("bench")
-    return seconds, {} if status is None else status.to_json_dict()
+def _marked_rows(source: Path, ledger: IdFilter, work_item_size: int) -> int:
+    """The rows of a CSV batch that the initiator's marking holds for the exact check against ``ledger``."""
+    debatch = Debatch(work_item_size=work_item_size, ledger=ledger)
+    with source.open("rb") as stream:
+        marked = (
+            pc.sum(pc.greater(decode_table(cut.payload)["repeat_of"], 0)).as_py()
+            for cut in debatch.tables(stream, "csv")
+        )
+        return sum(count or 0 for count in marked)
 
 
-def _one(kind: str, source: Path, ledger_ids: int, bits: int, scratch: Path, console: Console) -> dict[str, Any]:
-    """The batch on a ledger of ``ledger_ids`` ids, each role's part in a process of its own: its seconds and
-    peak RSS, and what loading the ledger took."""
-    state, cut_file, results_file = scratch / "filter.pickle", scratch / "cut.pickle", scratch / "results.pickle"
-    figures: dict[str, Any] = {}
-    with _database(kind, scratch) as url:
-        if ledger_ids:
-            with console.status(f"{kind}: loading {ledger_ids:,} ids"):
-                figures["load"], figures["load_rss_mib"] = _in_child(_load, url, ledger_ids, bits, state)
-        with console.status(f"{kind}: the batch on {ledger_ids:,} ids"):
-            figures["initiator"], figures["initiator_rss_mib"] = _in_child(_initiator, source, bits, state, cut_file)
-            figures["processors"], figures["processors_rss_mib"] = _in_child(_processor, bits, cut_file, results_file)
-            (figures["controller"], status), figures["controller_rss_mib"] = _in_child(_controller, url, results_file)
-    if status.get("state") != BatchState.complete or status["accepted"] + status["rejected"] != status["rows"]:
-        raise RuntimeError(f"the batch did not complete exactly: {status}")
-    figures["batch"] = figures["initiator"] + figures["processors"] + figures["controller"]
-    figures["held"] = pickle.loads(results_file.read_bytes()).held_rows
-    return {name: round(value, 2) if isinstance(value, float) else value for name, value in figures.items()}
-
-
-def run(*, store: str, rows: int, ledger_ids: int, bits: int, output: Path, console: Console) -> dict[str, object]:
-    """The batch on an empty ledger and on one of ``ledger_ids`` ids; prints both side by side, writes JSON."""
-    with tempfile.TemporaryDirectory(prefix="billing-bench-ledger-") as folder:
-        source = Path(folder) / "batch.csv"
-        generate(rows, source, seed=7)
-        runs = {}
-        for size in (0, ledger_ids):
-            scratch = Path(folder) / f"ledger-{size}"
-            scratch.mkdir()
-            runs[size] = _one(store, source, size, bits, scratch, console)
-    ratio = runs[ledger_ids]["batch"] / runs[0]["batch"]
-    report = {"store": store, "rows": rows, "ledger_ids": ledger_ids, "filter_bits": bits, "runs": runs}
-    report["ratio"] = round(ratio, 3)
-    table = Table(title=f"{rows:,} rows on {store}: empty ledger vs {ledger_ids:,} ids (seconds, peak RSS MiB)")
-    columns = ("initiator", "processors", "controller")
-    for name in ("ledger ids", *columns, "batch", "held rows"):
-        table.add_column(name, justify="right")
-    for size, figures in runs.items():
-        cells = [f"{figures[c]} s, {figures[c + '_rss_mib']:.0f}" for c in columns]
-        table.add_row(f"{size:,}", *cells, f"{figures['batch']} s", str(figures["held"]))
-    console.print(table)
-    console.print(f"ratio {ratio:.3f} (at most 1.25 wanted); loading the ledger took {runs[ledger_ids].get('load')} s")
+def run(
+    *, store: str, rows: int, ledger_ids: int, bits: int, data_dir: Path, output: Path, console: Console
+) -> dict[str, Any]:
+    """The batch on an empty ledger, on one of ``ledger_ids`` ids, and on an empty one again (the machine's load
+    drifts); checks that every run counted the same rows, prints them side by side, writes JSON."""
+    runs = [
+        run_ledger(store, rows=rows, ledger_ids=size, bits=bits, data_dir=data_dir, console=console)
+        for size in (0, ledger_ids, 0)
+    ]
+    _check_exact(runs)
+    loaded = runs[1].pipeline
+    ratios = {
+        measure: [round(getattr(loaded, measure) / getattr(empty.pipeline, measure), 3) for empty in (runs[0], runs[2])]
+        for measure in ("submit_to_complete_seconds", "latency_seconds")
+    }
+    report = {
+        "store": store,
+        "rows": rows,
+        "ledger_ids": ledger_ids,
+        "filter_bits": bits,
+        "ratios": ratios,  # the loaded ledger's time over each empty run's (before, after)
+        "runs": [asdict(one) for one in runs],
+    }
+    console.print(_table(store, runs))
+    console.print(
+        "loaded over empty (before, after; at most 1.25 wanted): submit → complete "
+        + ", ".join(f"{r:.3f}" for r in ratios["submit_to_complete_seconds"])
+        + "; accepted → complete "
+        + ", ".join(f"{r:.3f}" for r in ratios["latency_seconds"])
+    )
     output.write_text(json.dumps(report, indent=2))
     return report
+
+
+def _check_exact(runs: list[LedgerRun]) -> None:
+    """Every run's batch completed (:func:`run_pipeline` checks) and counted the same rows: its ids are fresh."""
+    first = runs[0].pipeline
+    for one in runs[1:]:
+        counted = (one.pipeline.accepted, one.pipeline.rejected, one.pipeline.aggregates_sha256)
+        if counted != (first.accepted, first.rejected, first.aggregates_sha256):
+            raise RuntimeError(
+                f"on {one.ledger_ids:,} ids the batch counted {counted[:2]} (accepted, rejected),"
+                f" on the empty ledger {(first.accepted, first.rejected)}, or billed other aggregates"
+            )
+
+
+def _table(store: str, runs: list[LedgerRun]) -> Table:
+    """The runs side by side: times, CPU and peak RSS per role, marked rows, the machine's load."""
+    table = Table(title=f"{runs[0].pipeline.rows:,} rows on {store}, through the roles: empty ledger, loaded, empty")
+    table.add_column("ledger ids")
+    for one in runs:
+        table.add_column(f"{one.ledger_ids:,}", justify="right")
+    lines: list[tuple[str, Callable[[LedgerRun], str]]] = [
+        ("submit → complete s", lambda one: f"{one.pipeline.submit_to_complete_seconds:.2f}"),
+        ("accepted → complete s", lambda one: f"{one.pipeline.latency_seconds:.2f}"),
+        *((f"{role}: CPU s, peak RSS MiB", _role_cell(role)) for role in ROLES),
+        ("rows marked for the exact check", lambda one: f"{one.marked_rows:,}"),
+        ("load average (1 min) as the roles started", lambda one: f"{one.load_average[0]:.1f}"),
+        ("loading the ids into SQL: s, peak RSS MiB", lambda one: f"{one.load_seconds:.0f}, {one.load_rss_mib:.0f}"),
+        ("writing their filter: s, peak RSS MiB", lambda one: f"{one.filter_seconds:.0f}, {one.filter_rss_mib:.0f}"),
+    ]
+    for label, cell in lines:
+        table.add_row(label, *map(cell, runs))
+    return table
+
+
+def _role_cell(role: str) -> Callable[[LedgerRun], str]:
+    """A role's CPU seconds (a rating worker's are its processor's) and peak RSS in a run."""
+
+    def cell(one: LedgerRun) -> str:
+        cpu = one.pipeline.cpu_seconds.get(role)
+        return f"{'-' if cpu is None else f'{cpu:.1f}'}, {one.pipeline.peak_rss_mib.get(role, 0.0):.0f}"
+
+    return cell

@@ -27,7 +27,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -148,12 +148,15 @@ def run_pipeline(
     processor_cgroups: Sequence[Path] = (),
     cpu_cap: float | None = None,
     settle_seconds: float | None = None,
+    overrides: Mapping[str, Any] | None = None,
+    prepare: Callable[[Settings], None] | None = None,
 ) -> PipelineRun:
     """Generate (or reuse) ``batches`` CSV files (``file``: clean or messy) of ``rows`` rows in all and
     time them through a fresh local pipeline on Azurite (``store``: in memory or persisted), submitted as
     a user does: one ``billing submit FILE... --wait`` for all of them, timed from its start to its exit.
     Each processor runs in its cgroup of ``processor_cgroups`` when given (``cpu_cap``: what they allow,
-    as recorded); the roles get ``settle_seconds`` to be idle before and after the batch."""
+    as recorded); the roles get ``settle_seconds`` to be idle before and after the batch. ``overrides``: more
+    settings for the roles (a SQL URL, say); ``prepare`` runs once the stack is up, before the roles start."""
     files = [
         _batch_file(rows // batches, data_dir, console, seed=42 + number, messy=file == "messy")
         for number in range(batches)
@@ -167,8 +170,11 @@ def run_pipeline(
             storage_connection_string=SecretStr(stack.start()),
             partitions=partitions,
             **(NAIVE if mode == "naive" else {}),
+            **(overrides or {}),
         )
         try:
+            if prepare is not None:
+                prepare(settings)
             settle = SETTLE_SECONDS[mode] if settle_seconds is None else settle_seconds
             with role_processes(
                 settings, home / "logs", processors=processors, processor_cgroups=processor_cgroups

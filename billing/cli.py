@@ -483,11 +483,20 @@ def bench_celery_command(
 @click.option("--rows", default=1_000_000, show_default=True, help="Transactions in the batch.")
 @click.option("--ledger-ids", default=50_000_000, show_default=True, help="Ids in the large ledger.")
 @click.option("--filter-bits", default=1 << 30, show_default=True, help="The id filter's size (a power of two).")
+@click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path), default=Path(".billing/bench-data"))
 @click.option("--output", type=click.Path(dir_okay=False, path_type=Path), default=Path("bench-ledger.json"))
-def bench_ledger_command(store: str, rows: int, ledger_ids: int, filter_bits: int, output: Path) -> None:
-    """Time a batch on an empty ledger and on one of --ledger-ids ids, side by side (JSON)."""
+def bench_ledger_command(
+    store: str, rows: int, ledger_ids: int, filter_bits: int, data_dir: Path, output: Path
+) -> None:
+    """Time a batch through the roles on an empty ledger, one of --ledger-ids ids and an empty one again (JSON)."""
     _benchmark("ledger").run(
-        store=store, rows=rows, ledger_ids=ledger_ids, bits=filter_bits, output=output, console=console
+        store=store,
+        rows=rows,
+        ledger_ids=ledger_ids,
+        bits=filter_bits,
+        data_dir=data_dir,
+        output=output,
+        console=console,
     )
 
 
