@@ -32,8 +32,7 @@ ROWS = 100_000
 DEPLOY = ROOT / "deploy"
 ENV = {**os.environ, "CONTAINERS_CONF": str(DEPLOY / "containers.conf")}
 
-# The image builds share one Podman store and its base image (see docs/testing.md).
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("podman")]
+pytestmark = pytest.mark.slow
 
 
 def podman(*args: str, timeout: float = 120, check: bool = True) -> subprocess.CompletedProcess[str]:
