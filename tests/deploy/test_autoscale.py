@@ -36,8 +36,8 @@ from support.roles import Roles
 from support.tools import KUBERNETES, OVERLAYS, render, require
 from support.waiting import wait_until
 
-ROWS = 10_000
-#: 1,000 work items, 250 a queue: far more than maxReplicaCount processors' worth at the local queueLength;
+ROWS = 3_000
+#: 300 work items, 75 a queue: far more than maxReplicaCount processors' worth at the local queueLength (4 x 2);
 #: carrying their rows in the message (an inbox frame holds some 200 rows, too many for so small an item).
 WORK_ITEM_SIZE = 10
 POLLING, COOLDOWN = 0.5, 3.0

@@ -8,9 +8,6 @@ from __future__ import annotations
 import csv
 import hashlib
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,6 +15,7 @@ import pytest
 from benchmarks import reference_model as model
 from billing.sample import generate, sample_price_book_bytes, sample_tax_table_bytes
 from shared.settings import Settings
+from store import BatchStatus, Store
 from support.exact import assert_batch_exact, billing, read_raw, report
 from support.roles import Roles
 from support.waiting import wait_until
@@ -39,14 +37,6 @@ def _write(path: Path, rows: list[dict[str, str]]) -> Path:
 
 def _status(batch_id: str) -> dict[str, object]:
     return dict(json.loads(billing("status", batch_id, "--json").stdout))
-
-
-def _state(batch_id: str) -> dict[str, object]:
-    """The batch's status, empty while the store knows nothing of it."""
-    done = subprocess.run(
-        [sys.executable, "-m", "billing", "status", batch_id, "--json"], capture_output=True, text=True, env=os.environ
-    )
-    return dict(json.loads(done.stdout)) if done.returncode == 0 else {}
 
 
 def _check_in_seq_order(ledger: model.Ledger, files: dict[str, Path]) -> None:
@@ -105,11 +95,17 @@ def test_batches_side_by_side_and_roles_killed_mid_way_stay_exact(
     ]
     files = {hashlib.sha256(path.read_bytes()).hexdigest(): path for path in paths}  # ids of files submitted together
     billing("reference", "set", "--sample")
-    with roles.running():
+    # Progress is polled in the store, not by a `billing status` process per look (the CLI reads the same
+    # rows: _status above); the roles keep both cores.
+    with roles.running(settings_env), Store(settings_env.sql_url_value) as store:
+
+        def states() -> list[BatchStatus | None]:
+            return [store.batch(batch_id) for batch_id in files]
+
         assert roles.wait_up()
         billing("submit", *(str(path) for path in paths))
-        assert wait_until(lambda: any(_state(b).get("completed_items") for b in files), 120, interval=0.2)
+        assert wait_until(lambda: any(s and s.completed_items for s in states()), 120, interval=0.2)
         roles.kill_and_restart("initiator")
         roles.kill_and_restart("controller")
-        assert wait_until(lambda: all(_state(b).get("state") == "complete" for b in files), 300, interval=0.5)
+        assert wait_until(lambda: all(s and s.state == "complete" for s in states()), 300, interval=0.5)
     _check_in_seq_order(_ledger(), files)

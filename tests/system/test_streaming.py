@@ -17,6 +17,7 @@ from billing.client import HEAD_BYTES
 from billing.sample import generate
 from shared.messaging.storage import Storage
 from shared.settings import Settings
+from store import Store
 from support.exact import billing, report
 from support.references import sample_flags
 from support.roles import Roles
@@ -65,8 +66,9 @@ def test_a_file_unreadable_past_its_head_is_refused_and_counts_nothing(
         "submit", str(path), "--batch-id", "late", *sample_flags(tmp_path / "ref")
     )  # its head is fine: accepted for now
     assert "submitted" in submitted.stdout
-    with roles.running(streaming_env):
-        assert wait_until(lambda: (_status("late") or {}).get("state") == "refused", 120)
+    with roles.running(streaming_env), Store(streaming_env.sql_url_value) as store:
+        # Polled in the store, not by a `billing status` process per look; the CLI shows the end below.
+        assert wait_until(lambda: (s := store.batch("late")) is not None and s.state == "refused", 120, interval=0.2)
         assert wait_until(lambda: _queued(streaming_env) == 0, 120), "the items already sent are handled"
         status = _status("late")
     assert status is not None
