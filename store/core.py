@@ -163,6 +163,7 @@ class Store:
                 before = {batch_id: dict(row) for batch_id, row in rows.items()}
                 _take_manifests(conn, rows, incoming.manifests.values())
                 record_parts(conn, rows, incoming.ids)
+                _write_numbered(conn, rows, before, now)
                 recorded = _record_work_items(conn, rows, incoming, now)
                 counted = _count_results(conn, rows, recorded)
                 for batch_id, made in (requests or {}).items():
@@ -409,6 +410,16 @@ def _count_results(
     insert_rejects(conn, [(r.batch_id, r.rejects) for r in counted])
     insert_held(conn, [(r.batch_id, r.held) for r in counted])
     return counted
+
+
+def _write_numbered(
+    conn: sa.Connection, rows: Mapping[str, dict[str, Any]], before: Mapping[str, Mapping[str, Any]], now: datetime
+) -> None:
+    """Write the rows this apply gave a seq or an ids key, before the ledger's queries read them: a batch numbered
+    here must be seen by a later batch completing in the same transaction (:mod:`store.ids`)."""
+    for batch_id, row in rows.items():
+        if (row["seq"], row["id_key"]) != (before[batch_id]["seq"], before[batch_id]["id_key"]):
+            update_batch(conn, row, now)
 
 
 def _write_batches(

@@ -228,3 +228,14 @@ def test_a_store_with_ids_recorded_by_seq_upgrades_and_its_ids_still_count(sql_u
         void(store.engine, "old")  # its ids, keyed by its seq before, are released
         model.void("old")
         _run(store, shared, model, "after", _rows(["m2", "m5"]))
+
+
+def test_overlapping_batches_recorded_and_completed_in_one_apply_count_each_id_once(store: Store) -> None:
+    shared, model = InProcess(bits=1 << 16), _model()
+    early, late = _rows([f"o{i}" for i in range(100)]), _rows([f"o{i}" for i in range(40, 130)], quantity="3")
+    first, second = shared.cut("early", _csv(early)), shared.cut("late", _csv(late))
+    # A controller back after a crash: both manifests and every result in one dequeued batch.
+    outcome = store.apply([second.manifest, first.manifest], second.results + first.results)
+    assert sorted(outcome.completed_batches) == ["early", "late"]
+    _check(store, "early", model.batch("early", early), model)
+    _check(store, "late", model.batch("late", late), model)
