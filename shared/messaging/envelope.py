@@ -83,8 +83,8 @@ class ClaimCheck:
         self._limit = limit - FRAMING_ALLOWANCE
 
     async def pack(self, envelope: Envelope, *, queue: str, blob_name: str) -> str:
-        """Message text for ``envelope``; the payload goes to ``blob_name`` if it does not fit, in
-        the account that sends to ``queue`` use now (the secondary while it is failed over).
+        """Message text for ``envelope``; the payload goes to a blob named ``blob_name`` and its digest if it does
+        not fit, in the account that sends to ``queue`` use now (the secondary while it is failed over).
         In a tally, the text is stamped with the requests gathered so far and its own send."""
         digest = content_hash(envelope.payload)
         message: dict[str, Any] = {"v": VERSION, "kind": envelope.kind, "headers": envelope.headers, "sha256": digest}
@@ -93,9 +93,10 @@ class ClaimCheck:
         data = base64.b64encode(envelope.payload).decode()  # base64 needs no escaping in JSON
         if len(json.dumps(message)) + len(data) + STAMP_ALLOWANCE <= self._limit:
             message["data"] = data
-        else:
-            ref = {"container": self._container, "name": blob_name}
-            if await self._storage.upload_for(queue, self._container, blob_name, envelope.payload):
+        else:  # named after its content too: a message sent again with other content never changes this one's
+            name = f"{blob_name}.{digest[:16]}"
+            ref = {"container": self._container, "name": name}
+            if await self._storage.upload_for(queue, self._container, name, envelope.payload):
                 ref["account"] = SECONDARY
             message["blob"] = ref
         if (current := tally.current()) is not None:

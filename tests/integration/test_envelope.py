@@ -33,7 +33,8 @@ async def test_large_payload_goes_to_blob_and_round_trips_through_a_queue(claim_
     check, storage = claim_check
     envelope = Envelope("work", {"a": 2}, os.urandom(60_000))
     text = await check.pack(envelope, queue="q", blob_name="large")
-    assert json.loads(text)["blob"] == {"container": settings_env.work_container, "name": "large"}
+    name = f"large.{json.loads(text)['sha256'][:16]}"
+    assert json.loads(text)["blob"] == {"container": settings_env.work_container, "name": name}
     queue = storage.queue(settings_env.requests_queue)
     await queue.send_message(text)
     message = await queue.receive_message()
@@ -72,7 +73,17 @@ async def test_damaged_messages_are_poison(claim_check, mutate, reason) -> None:
 async def test_missing_claim_check_blob_is_poison(claim_check) -> None:  # type: ignore[no-untyped-def]
     check, storage = claim_check
     text = await check.pack(Envelope("work", {}, os.urandom(80_000)), queue="q", blob_name="gone")
-    await storage.container(json.loads(text)["blob"]["container"]).delete_blob("gone")
+    ref = json.loads(text)["blob"]
+    await storage.container(ref["container"]).delete_blob(ref["name"])
     with pytest.raises(PoisonMessage) as caught:
         await check.unpack(text)
     assert caught.value.reason == "missing_claim_check"
+
+
+async def test_a_message_sent_again_with_other_content_leaves_the_first_readable(claim_check) -> None:  # type: ignore[no-untyped-def]
+    check, _ = claim_check
+    first, second = os.urandom(80_000), os.urandom(80_000)  # a work item cut again, marked otherwise
+    texts = [
+        await check.pack(Envelope("work", {}, payload), queue="q", blob_name="item") for payload in (first, second)
+    ]
+    assert [(await check.unpack(text)).payload for text in texts] == [first, second]
