@@ -59,7 +59,7 @@ _DELETE_ID = sa.delete(ledger_ids).where(
 _PG_INSERT = sa.text(
     f"INSERT INTO ledger_ids ({_COLUMNS}) SELECT :segment, h, s, r, t FROM unnest("
     "CAST(:hashes AS bigint[]), CAST(:keys AS bigint[]), CAST(:rows AS bigint[]), CAST(:ids AS text[]))"
-    " AS u(h, s, r, t)"
+    " AS u(h, s, r, t) ON CONFLICT DO NOTHING"
 )
 
 
@@ -119,7 +119,8 @@ def insert_ids(
     ids: pa.Array | pa.ChunkedArray,
 ) -> None:
     """Insert ids (each with its batch's key and its row there) into ``segment``, sorted by hash first (also the
-    benchmark's bulk load)."""
+    benchmark's bulk load). An id already recorded for its batch and row is left as it is: the ids of a row never
+    change, so one recorded twice (a part cut again by an initiator that took the batch over) is the same."""
     order = np.argsort(hashes, kind="stable")
     texts = ids.take(pa.array(order))
     for start in range(0, len(order), _INSERT_ROWS):
@@ -131,7 +132,7 @@ def insert_ids(
             conn.execute(_PG_INSERT, {"segment": segment, **values})
         else:
             records = [(segment, h, s, r, t) for h, s, r, t in zip(*of_part, strings, strict=True)]
-            conn.exec_driver_sql(f"INSERT INTO ledger_ids ({_COLUMNS}) VALUES (?, ?, ?, ?, ?)", records)
+            conn.exec_driver_sql(f"INSERT OR IGNORE INTO ledger_ids ({_COLUMNS}) VALUES (?, ?, ?, ?, ?)", records)
 
 
 def waiting_batches(conn: sa.Connection) -> list[str]:

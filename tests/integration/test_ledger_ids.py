@@ -16,6 +16,7 @@ import sqlalchemy as sa
 from benchmarks.ledger import Cut, InProcess, apply
 from benchmarks.reference_model import Ledger, Row, read_prices, read_rates
 from billing.sample import sample_price_book_bytes, sample_tax_table_bytes
+from shared.protocol import IdsPart
 from store import BatchState, Store, reports
 from store.engine import writing
 from store.ids import id_hashes
@@ -239,3 +240,16 @@ def test_overlapping_batches_recorded_and_completed_in_one_apply_count_each_id_o
     assert sorted(outcome.completed_batches) == ["early", "late"]
     _check(store, "early", model.batch("early", early), model)
     _check(store, "late", model.batch("late", late), model)
+
+
+def test_ids_recorded_twice_under_other_parts_are_recorded_once(store: Store) -> None:
+    shared, model = InProcess(bits=1 << 16, work_item_size=200, part_rows=250), _model()
+    rows = _rows([f"q{i}" for i in range(1200)])
+    cut = shared.cut("again", _csv(rows))
+    first, second, *_ = cut.ids
+    overlapping = IdsPart("again", 99, pa.concat_tables([first.ids, second.ids]))  # a cut with other boundaries
+    store.apply([], [], ids=[first, overlapping])
+    store.apply([_manifest(cut, id_parts=len(cut.ids) + 1)], cut.results, ids=[*cut.ids[1:], overlapping])
+    _check(store, "again", model.batch("again", rows), model)
+    with store.engine.connect() as conn:
+        assert conn.scalar(sa.select(sa.func.count()).select_from(ledger_ids)) == 1200
