@@ -6,6 +6,8 @@ Concurrency: every write locks the rows it changes first (``SELECT ... FOR UPDAT
 
 from __future__ import annotations
 
+import sqlite3
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -21,6 +23,8 @@ AZURE_POSTGRES = ".postgres.database.azure.com"
 ENTRA_POSTGRES_SCOPE = "https://ossrdbms-aad.database.windows.net/.default"
 #: The execution option that makes a SQLite transaction ``BEGIN IMMEDIATE`` (see :func:`writing`).
 IMMEDIATE = "billing_sqlite_immediate"
+#: How long a SQLite connection waits for another's lock before it fails.
+SQLITE_BUSY_TIMEOUT_S = 30
 
 
 def open_engine(url: str, credential: TokenCredential | None = None) -> tuple[sa.URL, sa.Engine]:
@@ -67,14 +71,14 @@ def create_engine(url: sa.URL, credential: TokenCredential | None = None) -> sa.
         return engine
     if url.database and url.database != ":memory:" and not url.database.startswith("file:"):
         Path(url.database).parent.mkdir(parents=True, exist_ok=True)
-    engine = sa.create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
+    engine = sa.create_engine(url, connect_args={"check_same_thread": False, "timeout": SQLITE_BUSY_TIMEOUT_S})
 
     @sa.event.listens_for(engine, "connect")
     def _on_connect(dbapi_connection: Any, _record: Any) -> None:
         dbapi_connection.isolation_level = None  # pysqlite must not BEGIN on its own; see _on_begin
         cursor = dbapi_connection.cursor()
-        cursor.execute("PRAGMA busy_timeout = 30000")
-        cursor.execute("PRAGMA journal_mode = WAL")
+        cursor.execute(f"PRAGMA busy_timeout = {SQLITE_BUSY_TIMEOUT_S * 1000}")
+        _use_wal(cursor)
         cursor.close()
 
     @sa.event.listens_for(engine, "begin")
@@ -82,6 +86,20 @@ def create_engine(url: sa.URL, credential: TokenCredential | None = None) -> sa.
         conn.exec_driver_sql("BEGIN IMMEDIATE" if conn.get_execution_options().get(IMMEDIATE) else "BEGIN")
 
     return engine
+
+
+def _use_wal(cursor: Any) -> None:
+    """Switch the database to WAL (kept in the file, so once per database). The switch needs the only
+    lock on the file and SQLite answers "database is locked" at once, without its busy timeout, when
+    another connection opens a new database at the same moment: it is tried again until that timeout."""
+    deadline = time.monotonic() + SQLITE_BUSY_TIMEOUT_S
+    while cursor.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
+        try:
+            cursor.execute("PRAGMA journal_mode = WAL")
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.01)
 
 
 @contextmanager

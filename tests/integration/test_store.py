@@ -20,6 +20,7 @@ from alembic.script import ScriptDirectory
 
 from shared.protocol import PoisonNotice
 from store import MIGRATIONS, SCHEMA_REVISION, Store, reports
+from store.engine import create_engine
 from store.schema import held
 from support.records import held_row, manifest, partial, result
 
@@ -327,6 +328,35 @@ def test_only_settled_batches_past_the_retention_lose_their_claim_checks(store: 
     assert status.to_json_dict()["claims_deleted_at"] == status.claims_deleted_at.isoformat()
     store.apply([], [result("c1", partial(), batch_id="complete")])  # a late duplicate keeps the mark
     assert store.claims_to_delete(now + timedelta(hours=1)) == ["refused"]
+
+
+def test_a_new_sqlite_database_opened_by_many_connections_at_once_ends_in_wal(tmp_path: Path) -> None:
+    """SQLite refuses the switch to WAL at once ("database is locked") while another connection holds
+    the new file; each connection must wait for its turn instead of failing."""
+    for round_ in range(20):
+        url = sa.make_url(f"sqlite:///{tmp_path}/{round_}.db")
+        barrier = threading.Barrier(8)
+        modes: list[str] = []
+        errors: list[BaseException] = []
+
+        def connect() -> None:
+            engine = create_engine(url)
+            try:
+                barrier.wait()
+                with engine.connect() as conn:
+                    modes.append(conn.exec_driver_sql("PRAGMA journal_mode").scalar_one())
+            except BaseException as exc:
+                errors.append(exc)
+            finally:
+                engine.dispose()
+
+        threads = [threading.Thread(target=connect) for _ in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert not errors
+        assert modes == ["wal"] * 8
 
 
 def test_migrations_are_idempotent_and_safe_concurrently(sql_url: str) -> None:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from billing.sample import generate
 from processor.pool import RatingPool
+from shared.messaging.storage import Storage
 from shared.settings import Settings
 from store import Store
 from support.exact import assert_batch_exact, billing
@@ -96,6 +97,13 @@ async def test_a_worker_killed_at_any_moment_of_handing_back_a_large_result_neve
         pool.shutdown()
 
 
+async def input_depth(settings: Settings) -> int:
+    """The work items waiting in the input queues."""
+    async with Storage(settings) as storage:
+        depths = [await storage.queue(q).get_queue_properties() for q in settings.input_queues]
+    return sum(d.approximate_message_count or 0 for d in depths)
+
+
 def test_a_killed_rating_worker_is_replaced_and_the_batch_stays_exact(
     settings_env: Settings, roles: Roles, tmp_path: Path
 ) -> None:
@@ -110,11 +118,15 @@ def test_a_killed_rating_worker_is_replaced_and_the_batch_stays_exact(
         assert len(workers) == settings.cpu_workers, workers
         billing("submit", str(batch), "--batch-id", "workers", *sample_flags(tmp_path / "ref"))
 
-        def rating_begun() -> bool:
-            status = store.batch("workers")
-            return status is not None and status.completed_items > 0
+        depths: list[int] = []
 
-        assert wait_until(rating_begun, 120, interval=0.05)
+        def mid_batch() -> bool:
+            """The processor has taken items, and enough still wait that its pool must run more after
+            the kill (so the replacement is certain, whatever the load)."""
+            depths.append(asyncio.run(input_depth(settings)))
+            return 8 <= depths[-1] < max(depths)
+
+        assert wait_until(mid_batch, 120, interval=0.02)
         for worker in workers:
             os.kill(worker, signal.SIGKILL)
         assert wait_until(lambda: (s := store.batch("workers")) is not None and s.state == "complete", 180)
