@@ -13,6 +13,9 @@ Then every fault is undone, every batch is waited for, and checked: complete, ea
 once, the accepted and rejected counts and the aggregates equal to :mod:`benchmarks.expected` (computed
 from the file alone); every queue drained and every poison queue empty (an entry that is a late copy of
 work already counted, ``missing_claim_check``, is listed as accounted for); every role stopped cleanly.
+A batch the ledger refused for sharing ids with a batch debatched at the same time (``docs/architecture.md``,
+"Transaction ids across batches") is submitted again under a new id, as its refusal asks; it must have
+counted nothing, and the new batch must be exact.
 Each role's RSS and open file descriptors are sampled every few seconds (``/proc``), and the storage
 requests per 1,000 transactions are counted by the roles and clients and, separately, by the proxy.
 Prints a summary, writes JSON (``output``) and a PNG of RSS and file descriptors over time.
@@ -86,6 +89,8 @@ SETTLE_TIMEOUT = 600.0  # seconds, after the faults, for every batch to end
 DRAIN_TIMEOUT = 120.0  # seconds, after that, for every queue to be empty
 #: Poison reasons of a message whose work is counted already (a late copy).
 ACCOUNTED_POISON = frozenset({"missing_claim_check"})
+#: What the ledger's refusal of a batch debatched at the same time as an earlier one says (:mod:`store.ids`).
+SUBMIT_AGAIN = "debatched at the same time"
 
 
 @dataclass
@@ -112,6 +117,8 @@ class SoakBatch:
     exact: bool = False
     mismatches: int = 0  # aggregate keys whose figures differ from the expected ones
     error: str = ""
+    refused_reason: str = ""
+    submitted_again_as: str = ""  # the batch id it was submitted again under, after a refusal that asks so
 
 
 @dataclass(frozen=True)
@@ -241,30 +248,47 @@ class Soak:
             self.problems.append(f"the submitter stopped: {exc!r}")
 
     def _in_flight(self) -> int:
+        """The batches not finished yet; a batch refused with :data:`SUBMIT_AGAIN` is submitted again."""
         waiting = [b for b in self.batches if b.finished_seconds is None]
+        again = []
         for batch, status in zip(waiting, self._statuses([b.batch_id for b in waiting]), strict=True):
             if status is not None and status.state in FINAL_STATES:
                 batch.finished_seconds = round(self.now(), 2)
+                batch.refused_reason = status.refused_reason or ""
+                if SUBMIT_AGAIN in batch.refused_reason:
+                    again.append(batch)
+        for batch in again:
+            self._submit_one(again=batch)
         return sum(b.finished_seconds is None for b in self.batches)
 
-    def _submit_one(self) -> None:
-        number = len(self.batches) + 1
-        reuse = self.batches and self.plan.random() < REUSE_IDS
-        seed = self.plan.choice(self.batches).seed if reuse else self.seed * 10_000 + number
-        rows = round(10 ** self.plan.uniform(math.log10(ROWS[0]), math.log10(ROWS[1])))
-        fmt = self.plan.choice(FORMATS)
-        month = self.plan.randint(1, 6)
-        path = self.home / "batches" / f"soak-{number:04d}.{fmt}"
-        batch = SoakBatch(
-            batch_id=f"soak-{self.seed}-{number:04d}",
-            format=fmt,
-            rows=rows,
-            period=f"2026-{month:02d}",
-            reject_rate=self.plan.choice(REJECT_RATES),
-            seed=seed,
-            submitted_seconds=0.0,
-        )
-        write_batch(path, rows=rows, fmt=fmt, seed=seed, reject_rate=batch.reject_rate, month=month)
+    def _submit_one(self, again: SoakBatch | None = None) -> None:
+        """Write and submit the next batch, or submit ``again``'s file once more under a new id."""
+        if again is None:
+            number = len(self.batches) + 1
+            reuse = self.batches and self.plan.random() < REUSE_IDS
+            seed = self.plan.choice(self.batches).seed if reuse else self.seed * 10_000 + number
+            rows = round(10 ** self.plan.uniform(math.log10(ROWS[0]), math.log10(ROWS[1])))
+            fmt = self.plan.choice(FORMATS)
+            month = self.plan.randint(1, 6)
+            batch = SoakBatch(
+                batch_id=f"soak-{self.seed}-{number:04d}",
+                format=fmt,
+                rows=rows,
+                period=f"2026-{month:02d}",
+                reject_rate=self.plan.choice(REJECT_RATES),
+                seed=seed,
+                submitted_seconds=0.0,
+            )
+            path = self.home / "batches" / f"soak-{number:04d}.{fmt}"
+            write_batch(path, rows=rows, fmt=fmt, seed=seed, reject_rate=batch.reject_rate, month=month)
+        else:
+            batch = SoakBatch(
+                batch_id=f"{again.batch_id}-again",
+                **{key: getattr(again, key) for key in ("format", "rows", "period", "reject_rate", "seed")},
+                submitted_seconds=0.0,
+            )
+            again.submitted_again_as = batch.batch_id
+            path = self.files[again.batch_id]
         ref = self.home / "ref"
         command = [sys.executable, "-m", "billing", "submit", str(path), "--batch-id", batch.batch_id]
         command += ["--pricebook", str(ref / "pricebook.csv"), "--taxes", str(ref / "taxes.csv")]
@@ -505,6 +529,8 @@ class Soak:
                     want.accepted,
                     want.rejected,
                 ) and not batch.mismatches
+            if batch.submitted_again_as and status is not None and status.accepted == status.rejected == 0:
+                continue  # refused whole, as it should be; the batch it was submitted again as is checked
             if not batch.exact:
                 why = batch.error or (
                     f"state {batch.state}, {batch.completed_items}/{batch.work_items} items, "
@@ -668,6 +694,8 @@ def _print(report: SoakReport, console: Console) -> None:
     summary = Table(title=f"Soak: {report.minutes:g} min on {report.store}, seed {report.seed}", show_header=False)
     summary.add_row("verdict", "[green]exact, nothing lost[/green]" if report.ok else "[red]PROBLEMS[/red]")
     summary.add_row("batches exact / submitted", f"{len(done)} / {len(report.batches)}")
+    if again := [b for b in report.batches if b.submitted_again_as]:
+        summary.add_row(f"refused ({SUBMIT_AGAIN}), submitted again", ", ".join(b.batch_id for b in again))
     summary.add_row("transactions accepted", f"{report.transactions:,}")
     summary.add_row("faults", ", ".join(f"{kind} {n}" for kind, n in sorted(report.faults_by_kind.items())))
     requests = report.storage_requests
