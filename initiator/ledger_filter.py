@@ -11,6 +11,8 @@ added it; the controller uses them to see every earlier batch the filter could n
 
 from __future__ import annotations
 
+import asyncio
+
 import numpy as np
 from azure.core import MatchConditions
 from azure.core.exceptions import ResourceExistsError, ResourceModifiedError, ResourceNotFoundError
@@ -30,16 +32,26 @@ class SharedFilter:
         self._bits = bits
         self._filter: IdFilter | None = None
         self._etag: str | None = None
+        self._reading = asyncio.Lock()  # one read at a time: the filter is held once
         self.serial = 0
+
+    async def warm(self) -> None:
+        """Read the stored filter now (as the initiator starts), so that its first batch finds it read."""
+        await self.load()
 
     async def load(self) -> IdFilter:
         """The filter as stored now (an empty one where none is stored yet); :attr:`serial` is its serial."""
+        async with self._reading:
+            return await self._load()
+
+    async def _load(self) -> IdFilter:
         try:
             properties = await self._blob.get_blob_properties()
         except ResourceNotFoundError:
             self._filter, self._etag, self.serial = IdFilter(self._bits), None, 0
             return self._filter
         if self._filter is None or properties.etag != self._etag:
+            self._filter = None  # the stale copy goes before the new one is read
             download = await self._blob.download_blob()
             data, at = bytearray(download.size), 0  # filled in place: the filter's one copy
             async for chunk in download.chunks():

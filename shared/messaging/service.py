@@ -48,7 +48,7 @@ class Service:
         self.triggers = triggers
         self.burst = burst
         self.listeners: list[QueueListener] = []
-        self._chores: list[tuple[float, Callable[[], Awaitable[None]]]] = []
+        self._chores: list[tuple[float | None, Callable[[], Awaitable[None]]]] = []
         #: Metrics of the role's own (served at ``/metrics`` with the listeners' counters).
         self.metrics = CollectorRegistry()
         #: ``time.monotonic()`` of the last beat: renewed every second while :meth:`run` runs.
@@ -88,9 +88,9 @@ class Service:
         self.listeners.append(listener)
         return listener
 
-    def repeat(self, interval: float, chore: Callable[[], Awaitable[None]]) -> None:
-        """Run ``chore`` at start and then every ``interval`` seconds while the listeners run; a
-        failure is logged and the chore tried again at the next interval."""
+    def repeat(self, interval: float | None, chore: Callable[[], Awaitable[None]]) -> None:
+        """Run ``chore`` at start and then every ``interval`` seconds (None: only at start) while the
+        listeners run; a failure is logged and the chore tried again at the next interval."""
         self._chores.append((interval, chore))
 
     async def announce(self, counts: Mapping[str, tuple[int, int]]) -> None:
@@ -187,12 +187,15 @@ class Service:
         }
 
 
-async def _repeating(interval: float, chore: Callable[[], Awaitable[None]]) -> None:
+async def _repeating(interval: float | None, chore: Callable[[], Awaitable[None]]) -> None:
     while True:
         try:
             await chore()
         except Exception as exc:
-            log.warning("%s failed, trying again in %.0f s: %s", getattr(chore, "__name__", chore), interval, exc)
+            again = "" if interval is None else f", trying again in {interval:.0f} s"
+            log.warning("%s failed%s: %s", getattr(chore, "__name__", chore), again, exc)
+        if interval is None:
+            return
         await asyncio.sleep(interval)
 
 

@@ -30,6 +30,8 @@ _MULTIPLIERS = np.array(
     dtype=np.uint64,
 )
 _WORD = np.dtype("<u8")
+#: Hashes added or looked up at a time: the temporaries of a slice take a few MB, whatever the batch's size.
+_SLICE = 1 << 16
 
 
 class IdFilter:
@@ -57,13 +59,17 @@ class IdFilter:
 
     def add(self, hashes: np.ndarray) -> None:
         """Remember the ids of these hashes (uint64)."""
-        words, masks = self._positions(hashes)
-        np.bitwise_or.at(self._words, words, masks)
+        for start in range(0, len(hashes), _SLICE):
+            words, masks = self._positions(hashes[start : start + _SLICE])
+            np.bitwise_or.at(self._words, words, masks)
 
     def might_contain(self, hashes: np.ndarray) -> np.ndarray:
         """Whether each id may have been added (False: certainly not)."""
-        words, masks = self._positions(hashes)
-        return np.asarray((self._words[words] & masks) == masks, dtype=bool)
+        found = np.empty(len(hashes), dtype=bool)
+        for start in range(0, len(hashes), _SLICE):
+            words, masks = self._positions(hashes[start : start + _SLICE])
+            found[start : start + _SLICE] = (self._words[words] & masks) == masks
+        return found
 
     def merge(self, other: IdFilter) -> None:
         """Add every id of ``other`` (a filter of the same size)."""

@@ -1,6 +1,6 @@
 """The id filter as initiators share it, on Azurite: merges by two initiators at once both land (conditional
 writes), each with its own serial; a reader sees every merge; the size is the first writer's; a filter of several
-transfers is written from pieces and read into place whole."""
+transfers is written from pieces and read into place whole; an initiator reads the stored filter as it starts."""
 
 from __future__ import annotations
 
@@ -9,8 +9,10 @@ import asyncio
 import numpy as np
 
 from initiator.ledger_filter import SharedFilter
+from initiator.service import Initiator
 from shared.messaging.storage import Storage
 from shared.settings import Settings
+from support.waiting import wait_until_async
 
 
 def _hashes(seed: int) -> np.ndarray:
@@ -45,3 +47,23 @@ async def test_a_filter_larger_than_a_transfer_is_written_and_read_whole(
     seen = await reader.load()
     assert seen.bits == 1 << 27 and seen.to_bytes() == (await writer.load()).to_bytes()
     assert seen.might_contain(hashes).all() and not seen.might_contain(_hashes(5)).any()
+
+
+async def test_an_initiator_reads_the_stored_filter_as_it_starts_and_once(
+    storage: Storage, settings_env: Settings
+) -> None:
+    writer = SharedFilter(storage, container=settings_env.work_container, bits=1 << 16)
+    await writer.load()
+    assert await writer.merge(_hashes(6)) == 1
+    initiator = Initiator(storage=storage, settings=settings_env)
+    running = asyncio.create_task(initiator.run())
+    try:
+        async with asyncio.timeout(30):
+            await wait_until_async(lambda: initiator.ledger.serial == 1)  # no batch asked for it
+        downloads = storage.counter.counts["blob.get"]
+        both = await asyncio.gather(initiator.ledger.load(), initiator.ledger.load())
+        assert both[0] is both[1] and both[0].might_contain(_hashes(6)).all()
+        assert storage.counter.counts["blob.get"] == downloads  # current: not read again
+    finally:
+        initiator.stop()
+        await running

@@ -43,3 +43,15 @@ def test_a_size_that_is_not_a_power_of_two_of_at_least_64_bits_is_refused(bits: 
 def test_bytes_of_another_size_are_refused() -> None:
     with pytest.raises(ValueError, match="holds"):
         IdFilter(1 << 12, bytes(8))
+
+
+def test_many_ids_at_once_set_the_bits_they_set_one_piece_at_a_time() -> None:
+    hashes = _hashes(5, 300_000)  # several of the filter's slices
+    whole, pieces = IdFilter(1 << 22), IdFilter(1 << 22)
+    whole.add(hashes)
+    for start in range(0, len(hashes), 777):
+        pieces.add(hashes[start : start + 777])
+    assert whole.to_bytes() == pieces.to_bytes()
+    probe = np.concatenate([hashes[:1000], _hashes(6, 299_000)])  # some added, most not
+    one_by_one = np.concatenate([pieces.might_contain(probe[start : start + 777]) for start in range(0, 300_000, 777)])
+    assert (whole.might_contain(probe) == one_by_one).all() and one_by_one.any() and not one_by_one.all()
