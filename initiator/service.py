@@ -15,6 +15,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
+import pyarrow as pa
 from azure.core.exceptions import ResourceNotFoundError
 from azure.storage.queue import QueueMessage
 from opentelemetry.trace import SpanKind, StatusCode
@@ -56,10 +57,11 @@ _M_MMAP_THRESHOLD = -3  # mallopt's parameter number, <malloc.h>
 
 
 def _map_large_allocations() -> None:
-    """Have glibc map large allocations of this process (nothing elsewhere: other C libraries manage
-    their own)."""
+    """Have glibc map large allocations of this process, Arrow's buffers included (Arrow's own allocator,
+    mimalloc, keeps freed memory in reserve: about 25 MB more at the peak of a 1,000,000-row cut)."""
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL("libc.so.6").mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)
+    pa.set_memory_pool(pa.system_memory_pool())
 
 
 @dataclass
