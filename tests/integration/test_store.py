@@ -8,6 +8,7 @@ import json
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta, timezone
 from decimal import Decimal
 from pathlib import Path
@@ -330,50 +331,51 @@ def test_only_settled_batches_past_the_retention_lose_their_claim_checks(store: 
     assert store.claims_to_delete(now + timedelta(hours=1)) == ["refused"]
 
 
+def _at_once(action: Callable[[], object], threads: int) -> list[BaseException]:
+    """Run ``action`` on ``threads`` threads at once; what they raised."""
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            action()
+        except BaseException as exc:
+            errors.append(exc)
+
+    started = [threading.Thread(target=run) for _ in range(threads)]
+    for thread in started:
+        thread.start()
+    for thread in started:
+        thread.join()
+    return errors
+
+
 def test_a_new_sqlite_database_opened_by_many_connections_at_once_ends_in_wal(tmp_path: Path) -> None:
     """SQLite refuses the switch to WAL at once ("database is locked") while another connection holds
     the new file; each connection must wait for its turn instead of failing."""
     for round_ in range(20):
-        url = sa.make_url(f"sqlite:///{tmp_path}/{round_}.db")
-        barrier = threading.Barrier(8)
-        modes: list[str] = []
-        errors: list[BaseException] = []
+        assert _journal_modes_at_once(sa.make_url(f"sqlite:///{tmp_path}/{round_}.db"), 8) == ["wal"] * 8
 
-        def connect() -> None:
-            engine = create_engine(url)
-            try:
-                barrier.wait()
-                with engine.connect() as conn:
-                    modes.append(conn.exec_driver_sql("PRAGMA journal_mode").scalar_one())
-            except BaseException as exc:
-                errors.append(exc)
-            finally:
-                engine.dispose()
 
-        threads = [threading.Thread(target=connect) for _ in range(8)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-        assert not errors
-        assert modes == ["wal"] * 8
+def _journal_modes_at_once(url: sa.URL, connections: int) -> list[str]:
+    """The journal mode each of ``connections`` engines finds, all connecting to ``url`` at once."""
+    barrier = threading.Barrier(connections)
+    modes: list[str] = []
+
+    def connect() -> None:
+        engine = create_engine(url)
+        try:
+            barrier.wait()
+            with engine.connect() as conn:
+                modes.append(conn.exec_driver_sql("PRAGMA journal_mode").scalar_one())
+        finally:
+            engine.dispose()
+
+    assert not _at_once(connect, connections)
+    return modes
 
 
 def test_migrations_are_idempotent_and_safe_concurrently(sql_url: str) -> None:
-    errors: list[BaseException] = []
-
-    def open_store() -> None:
-        try:
-            Store(sql_url).close()
-        except BaseException as exc:
-            errors.append(exc)
-
-    threads = [threading.Thread(target=open_store) for _ in range(4)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    assert not errors
+    assert not _at_once(lambda: Store(sql_url).close(), 4)
 
     with Store(sql_url) as store:
         store.migrate()
