@@ -89,13 +89,14 @@ def create_engine(url: sa.URL, credential: TokenCredential | None = None) -> sa.
 
 
 def _use_wal(cursor: Any) -> None:
-    """Switch the database to WAL (kept in the file, so once per database). The switch needs the only
-    lock on the file and SQLite answers "database is locked" at once, without its busy timeout, when
-    another connection opens a new database at the same moment: it is tried again until that timeout."""
+    """Switch the database to WAL (kept in the file, so once per database; an in-memory one stays as it is).
+    The switch needs the only lock on the file, and SQLite answers "database is locked" at once, without its
+    busy timeout, while another connection opens a new database: it is tried again until that timeout."""
     deadline = time.monotonic() + SQLITE_BUSY_TIMEOUT_S
     while cursor.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
         try:
             cursor.execute("PRAGMA journal_mode = WAL")
+            return
         except sqlite3.OperationalError as exc:
             if "locked" not in str(exc) or time.monotonic() > deadline:
                 raise
