@@ -276,17 +276,18 @@ def _earlier_rows(conn: sa.Connection, seq: int, own: Mapping[int, IdKey]) -> li
 
 
 def _shared_rows(conn: sa.Connection, row: Mapping[str, Any], other: _Hit) -> list[int]:
-    """Rows of batch ``row`` whose id batch ``other`` holds too: ``row``'s ids read in one pass over its segment,
-    then looked up by hash in ``other``'s (index probes, whatever the planner knows of the table's size)."""
-    mine: dict[IdKey, list[int]] = {}
-    query = sa.select(ledger_ids.c.row, ledger_ids.c.id_hash, ledger_ids.c.transaction_id)
-    for r in conn.execute(query.where(*_of_batch(ledger_ids, row["id_segment"], row["id_key"]))):
-        mine.setdefault((r.id_hash, r.transaction_id), []).append(r.row)
-    theirs = sa.select(ledger_ids.c.id_hash, ledger_ids.c.transaction_id).where(
-        *_of_batch(ledger_ids, other.segment, other.key)
+    """Rows of batch ``row`` whose id batch ``other`` holds too."""
+    mine, theirs = ledger_ids.alias("mine"), ledger_ids.alias("theirs")
+    query = (
+        sa.select(mine.c.row)
+        .join(
+            theirs,
+            sa.and_(
+                *_of_batch(theirs, other.segment, other.key),
+                theirs.c.id_hash == mine.c.id_hash,
+                theirs.c.transaction_id == mine.c.transaction_id,
+            ),
+        )
+        .where(*_of_batch(mine, row["id_segment"], row["id_key"]))
     )
-    shared: list[int] = []
-    for chunk in chunks(sorted({id_hash for id_hash, _ in mine}), CHUNK):
-        for found in conn.execute(theirs.where(ledger_ids.c.id_hash.in_(chunk))):
-            shared.extend(mine.get((found.id_hash, found.transaction_id), ()))
-    return shared
+    return list(conn.scalars(query))
