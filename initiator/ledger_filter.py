@@ -35,10 +35,6 @@ class SharedFilter:
         self._reading = asyncio.Lock()  # one read at a time: the filter is held once
         self.serial = 0
 
-    async def warm(self) -> None:
-        """Read the stored filter now (as the initiator starts), so that its first batch finds it read."""
-        await self.load()
-
     async def load(self) -> IdFilter:
         """The filter as stored now (an empty one where none is stored yet); :attr:`serial` is its serial."""
         async with self._reading:

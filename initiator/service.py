@@ -91,7 +91,7 @@ class Initiator(Service):
         self.claim_check = ClaimCheck(storage, container=settings.work_container, limit=settings.max_message_bytes)
         self.references = ReferenceStore(storage, container=settings.reference_container)
         self.ledger = SharedFilter(storage, container=settings.work_container, bits=settings.ledger_filter_bits)
-        self.repeat(None, self.ledger.warm)  # read once as it starts, not when the first batch waits for it
+        self.repeat(None, self.ledger.load)  # read once as it starts, not when the first batch waits for it
         self._sends = asyncio.Semaphore(settings.max_concurrent_sends)
         # Files are cut on one thread of their own: allocations spread over many threads keep a malloc
         # arena of freed memory each, which kept the peak RSS far higher.

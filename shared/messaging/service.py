@@ -48,7 +48,7 @@ class Service:
         self.triggers = triggers
         self.burst = burst
         self.listeners: list[QueueListener] = []
-        self._chores: list[tuple[float | None, Callable[[], Awaitable[None]]]] = []
+        self._chores: list[tuple[float | None, Callable[[], Awaitable[object]]]] = []
         #: Metrics of the role's own (served at ``/metrics`` with the listeners' counters).
         self.metrics = CollectorRegistry()
         #: ``time.monotonic()`` of the last beat: renewed every second while :meth:`run` runs.
@@ -88,7 +88,7 @@ class Service:
         self.listeners.append(listener)
         return listener
 
-    def repeat(self, interval: float | None, chore: Callable[[], Awaitable[None]]) -> None:
+    def repeat(self, interval: float | None, chore: Callable[[], Awaitable[object]]) -> None:
         """Run ``chore`` at start and then every ``interval`` seconds (None: only at start) while the
         listeners run; a failure is logged and the chore tried again at the next interval."""
         self._chores.append((interval, chore))
@@ -187,7 +187,7 @@ class Service:
         }
 
 
-async def _repeating(interval: float | None, chore: Callable[[], Awaitable[None]]) -> None:
+async def _repeating(interval: float | None, chore: Callable[[], Awaitable[object]]) -> None:
     while True:
         try:
             await chore()

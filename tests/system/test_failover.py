@@ -25,6 +25,7 @@ from store import BatchStatus, Store
 from support.azurite import running_azurite
 from support.backlog import backlog
 from support.exact import expected, read_raw, report, sorted_records
+from support.queues import input_depth
 from support.references import sample_flags
 from support.roles import Roles
 from support.waiting import wait_until
@@ -34,15 +35,6 @@ from support.waiting import wait_until
 def primary(tmp_path: Path) -> Iterator[AzuriteStack]:
     with running_azurite(tmp_path / "primary", persist=True) as stack:
         yield stack
-
-
-async def _input_depth(settings: Settings) -> int:
-    async with Storage(settings.model_copy(update={"secondary_storage_connection_string": None})) as storage:
-        try:
-            depths = [await storage.queue(q).get_queue_properties() for q in settings.input_queues]
-        except Exception:
-            return 0
-        return sum(p.approximate_message_count or 0 for p in depths)
 
 
 def _complete(settings: Settings, batch_id: str) -> BatchStatus | None:
@@ -98,7 +90,7 @@ def test_primary_outage_mid_run_completes_exactly_through_the_backlog(
         )
         assert submit.returncode == 0, submit.stderr
         # The initiator is enqueueing: now the primary goes away.
-        wait_until(lambda: asyncio.run(_input_depth(settings)) >= 20, 60, interval=0.1)
+        wait_until(lambda: asyncio.run(input_depth(settings)) >= 20, 60, interval=0.1)
         primary.restart(down_for=8)
         status = wait_until(lambda: _complete(settings, "outage"), 300, interval=1)
 

@@ -13,10 +13,10 @@ from pathlib import Path
 
 from billing.sample import generate
 from processor.pool import RatingPool
-from shared.messaging.storage import Storage
 from shared.settings import Settings
 from store import Store
 from support.exact import assert_batch_exact, billing
+from support.queues import input_depth
 from support.references import sample_flags
 from support.roles import Roles
 from support.waiting import wait_until, wait_until_async
@@ -95,13 +95,6 @@ async def test_a_worker_killed_at_any_moment_of_handing_back_a_large_result_neve
                 assert await asyncio.wait_for(pool.run(os.getpid), 60) != pid
     finally:
         pool.shutdown()
-
-
-async def input_depth(settings: Settings) -> int:
-    """The work items waiting in the input queues."""
-    async with Storage(settings) as storage:
-        depths = [await storage.queue(q).get_queue_properties() for q in settings.input_queues]
-    return sum(d.approximate_message_count or 0 for d in depths)
 
 
 def test_a_killed_rating_worker_is_replaced_and_the_batch_stays_exact(
