@@ -165,7 +165,7 @@ def decide(
     if running:
         return Verdict(wait_for=min(running, key=lambda hit: hit.batch_seq).batch_id)
     for other in unfiltered:
-        shared = set(_shared_rows(conn, row, other)) - _marked(conn, row) if state(other) == "complete" else ()
+        shared = _shared_rows(conn, row, other) - _marked(conn, row) if state(other) == "complete" else ()
         if shared:
             return Verdict(
                 refused=f"shares {len(shared)} transaction ids with batch {other.batch_id}, debatched at the same "
@@ -238,9 +238,8 @@ def _marked(conn: sa.Connection, row: Mapping[str, Any]) -> set[int]:
 def own_ids(conn: sa.Connection, row: Mapping[str, Any], numbers: Iterable[int]) -> dict[int, IdKey]:
     """Row → (hash, id) of batch ``row``'s recorded ids of rows ``numbers`` (first occurrences; others have none),
     read in one pass over its segment (a pass per so many rows)."""
-    query = sa.select(ledger_ids.c.row, ledger_ids.c.id_hash, ledger_ids.c.transaction_id).where(
-        *_of_batch(ledger_ids, row["id_segment"], row["id_key"])
-    )
+    columns = ledger_ids.c.row, ledger_ids.c.id_hash, ledger_ids.c.transaction_id
+    query = _ids_of(row["id_segment"], row["id_key"], *columns)
     found = {}
     for chunk in chunks(sorted(numbers), _SCAN_ROWS):
         found.update(
@@ -275,19 +274,23 @@ def _earlier_rows(conn: sa.Connection, seq: int, own: Mapping[int, IdKey]) -> li
     return hits
 
 
-def _shared_rows(conn: sa.Connection, row: Mapping[str, Any], other: _Hit) -> list[int]:
-    """Rows of batch ``row`` whose id batch ``other`` holds too."""
-    mine, theirs = ledger_ids.alias("mine"), ledger_ids.alias("theirs")
-    query = (
-        sa.select(mine.c.row)
-        .join(
-            theirs,
-            sa.and_(
-                *_of_batch(theirs, other.segment, other.key),
-                theirs.c.id_hash == mine.c.id_hash,
-                theirs.c.transaction_id == mine.c.transaction_id,
-            ),
-        )
-        .where(*_of_batch(mine, row["id_segment"], row["id_key"]))
+def _shared_rows(conn: sa.Connection, row: Mapping[str, Any], other: _Hit) -> set[int]:
+    """Rows of batch ``row`` whose id batch ``other`` holds too. Each batch's ids are read on their own, in passes
+    over its segment, hashes first: a join of the two would let a planner whose statistics predate both batches'
+    keys compare every pair of their ids."""
+    mine, theirs = (row["id_segment"], row["id_key"]), (other.segment, other.key)
+    mine_hashes, their_hashes = (
+        np.fromiter(conn.scalars(_ids_of(*batch, ledger_ids.c.id_hash)), np.int64) for batch in (mine, theirs)
     )
-    return list(conn.scalars(query))
+    common = set(np.intersect1d(mine_hashes, their_hashes).tolist())
+    if not common:
+        return set()
+    ids = conn.execute(_ids_of(*theirs, ledger_ids.c.id_hash, ledger_ids.c.transaction_id))
+    texts = {(h, t) for h, t in ids if h in common}
+    rows = conn.execute(_ids_of(*mine, ledger_ids.c.row, ledger_ids.c.id_hash, ledger_ids.c.transaction_id))
+    return {number for number, h, t in rows if h in common and (h, t) in texts}
+
+
+def _ids_of(segment: int | None, key: int | None, *columns: sa.ColumnElement[Any]) -> sa.Select[Any]:
+    """``columns`` of the ids of the batch of ``key``, in its ``segment``."""
+    return sa.select(*columns).where(*_of_batch(ledger_ids, segment, key))

@@ -19,8 +19,8 @@ from billing.sample import sample_price_book_bytes, sample_tax_table_bytes
 from shared.protocol import IdsPart
 from store import BatchState, Store, reports
 from store.engine import writing
-from store.ids import id_hashes
-from store.ledger import void
+from store.ids import IDS, SEGMENT_ROWS, id_hashes, insert_ids
+from store.ledger import take_numbers, void
 from store.schema import ledger_ids
 from support.revisions import at_revision
 
@@ -130,6 +130,37 @@ def test_ids_the_filter_could_not_hold_refuse_the_later_batch(store: Store) -> N
     _check(store, "one", model.batch("one", one), model)
     third = shared.cut("three", _csv(two))  # submitted again: checked, its shared ids duplicates
     apply(store, third)
+    _check(store, "three", model.batch("three", two), model)
+
+
+def test_a_batch_is_compared_with_one_debatched_at_the_same_time_in_passes_however_stale_the_statistics(
+    store: Store,
+) -> None:
+    """The PostgreSQL soak's case: statistics taken before the segment holding both batches' ids began. A join of
+    the two batches' ids then ran as a scan of the segment per id (minutes at this size); each batch's ids read on
+    their own stay far below the statement timeout set here."""
+    earlier = pa.array([f"e{i}" for i in range(300_000)])
+    keys = np.repeat(np.arange(1_000, 1_020, dtype=np.int64), len(earlier) // 20)  # no batch has these keys
+    with writing(store.engine) as conn:
+        insert_ids(conn, 0, id_hashes(earlier), keys, np.arange(len(earlier), dtype=np.int64), earlier)
+        take_numbers(conn, IDS, SEGMENT_ROWS)  # segment 0 is full: the next batches' ids start segment 1
+    with store.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        conn.exec_driver_sql("ANALYZE")
+        if store.engine.dialect.name == "postgresql":
+            conn.exec_driver_sql(f"ALTER DATABASE \"{store.engine.url.database}\" SET statement_timeout = '10s'")
+    store.engine.dispose()  # every connection from here on has the timeout
+    shared, model = InProcess(bits=1 << 20), _model()
+    marked = InProcess(bits=1 << 20).filter
+    one, two = _rows([f"s{i}" for i in range(10_000)]), _rows([f"s{i}" for i in range(5_000, 15_000)])
+    first = shared.cut("one", _csv(one), marked_with=marked)
+    second = shared.cut("two", _csv(two), marked_with=marked)
+    store.apply([first.manifest, _manifest(second, filter_serial=0)], first.results)
+    store.apply([], second.results)
+    status = store.batch("two")
+    assert status is not None and status.state == BatchState.refused
+    assert (status.refused_reason or "").startswith("shares 5000 transaction ids with batch one")
+    _check(store, "one", model.batch("one", one), model)
+    apply(store, shared.cut("three", _csv(two)))  # submitted again: its ids looked up in the ledger by hash
     _check(store, "three", model.batch("three", two), model)
 
 
