@@ -101,13 +101,15 @@ class InProcess:
     ) -> tuple[list[tuple[WorkHeader, bytes, bytes]], Manifest, list[IdsPart]]:
         """The initiator's part: the work items (header, payload, their part's bytes) marked with
         ``marked_with`` (a copy of the filter taken earlier) or else the filter now, the manifest and the ids parts
-        taken before it; the ids merged into the filter."""
+        taken before it; the ids merged into the filter. Each work item names the serial it was marked against (none
+        for ``marked_with``, whose serial this instance does not know)."""
         debatch = Debatch(work_item_size=self.work_item_size, ledger=marked_with or self.filter)
         blob, frames = inbox.in_memory(io.BytesIO(data), inbox.frame_bytes(len(data)))
         work: list[tuple[WorkHeader, bytes, bytes]] = []
         parts: list[IdsPart] = []
         for index, cut in enumerate(debatch.parts(batch_id, "csv", frames, io.BytesIO(blob))):
-            header = WorkHeader(f"{batch_id}:{index:07d}", batch_id, *self.hashes, cut.rows, cut.part)
+            marked = None if marked_with is not None else self.serial
+            header = WorkHeader(f"{batch_id}:{index:07d}", batch_id, *self.hashes, cut.rows, cut.part, marked)
             work.append((header, cut.payload, blob[cut.part.start : cut.part.end] if cut.part else b""))
             if (ids := debatch.take_ids(self.part_rows)) is not None:
                 parts.append(IdsPart(batch_id, len(parts), ids))

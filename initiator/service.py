@@ -140,7 +140,7 @@ class Initiator(Service):
             debatch = Debatch(work_item_size=self.settings.work_item_size, ledger=await self.ledger.load())
             marked = self.ledger.serial
             async with self._cuts(request, debatch) as cuts:
-                await self._enqueue(request, cuts, debatch, phases)
+                await self._enqueue(request, cuts, debatch, phases, marked)
         except InputError as exc:
             if isinstance(exc, PoisonMessage) and exc.reason != "unknown_reference_data":
                 raise
@@ -185,10 +185,13 @@ class Initiator(Service):
             with contextlib.suppress(asyncio.CancelledError):
                 await feeding
 
-    async def _enqueue(self, request: BatchRequest, cuts: Iterator[Cut], debatch: Debatch, phases: _Phases) -> None:
+    async def _enqueue(
+        self, request: BatchRequest, cuts: Iterator[Cut], debatch: Debatch, phases: _Phases, marked: int
+    ) -> None:
         """Send work items as they are cut (cut in a thread), round-robin over the input queues, a
         bounded number at once; announce each queue's first item at once, then the totals. The batch's ids go
-        to the controller in parts as they are cut (the rest with the manifest)."""
+        to the controller in parts as they are cut (the rest with the manifest). Each item names ``marked``, the
+        filter's serial its rows were marked against."""
         queues = self.settings.input_queues
         counts = {queue: [0, 0] for queue in queues}
         stopped: Exception | None = None  # raised once the items already sent are out
@@ -208,6 +211,7 @@ class Initiator(Service):
                     taxes_hash=request.taxes_hash,
                     rows=cut.rows,
                     part=cut.part,
+                    marked=marked,
                 )
                 queue = queues[seq % len(queues)]
                 counts[queue][0] += 1

@@ -67,4 +67,6 @@ def rate_rows(header: WorkHeader, rows: pa.Table, price_book: PriceBook, tax_tab
         schema=HELD_SCHEMA,
     )
     partials = aggregate(counted, price_book, tax_table)
-    return WorkItemResult(header.work_item_id, header.batch_id, counted.num_rows, partials, rejects, held_table)
+    return WorkItemResult(
+        header.work_item_id, header.batch_id, counted.num_rows, partials, rejects, held_table, marked=header.marked
+    )

@@ -114,6 +114,7 @@ class WorkItemResult:
     rejects: pa.Table = field(default_factory=REJECT_SCHEMA.empty_table)
     held: pa.Table = field(default_factory=HELD_SCHEMA.empty_table)
     trace: dict[str, str] = field(default_factory=dict)
+    marked: int | None = None  # the header's filter serial (WorkHeader.marked)
 
     @property
     def rows(self) -> int:
@@ -151,6 +152,8 @@ class WorkHeader:
     taxes_hash: str
     rows: int
     part: Part | None = None
+    #: The id filter's serial the rows were marked against (:mod:`store.ids`); None from an initiator without it.
+    marked: int | None = None
 
 
 def request_envelope(request: BatchRequest) -> Envelope:
@@ -216,6 +219,7 @@ def results_envelope(results: list[WorkItemResult]) -> Envelope:
             "transactions": r.transactions,
             **{count: getattr(r, name).num_rows for name, count, _ in _RESULT_TABLES},
             **({"trace": r.trace} if r.trace else {}),
+            **({"marked": r.marked} if r.marked is not None else {}),
         }
         for r in results
     ]
@@ -252,11 +256,17 @@ def parse_results(envelope: Envelope) -> list[WorkItemResult]:
                 rows = int(item.get(count, 0))
                 parts[name] = tables[name].slice(taken[name], rows)
                 taken[name] += rows
-            carried = item.get("trace")  # absent from older messages
+            carried = item.get("trace")  # absent from older messages, as "marked" is
             trace = {str(k): str(v) for k, v in carried.items()} if isinstance(carried, dict) else {}
+            marked = None if item.get("marked") is None else int(item["marked"])
             results.append(
                 WorkItemResult(
-                    str(item["work_item_id"]), str(item["batch_id"]), int(item["transactions"]), trace=trace, **parts
+                    str(item["work_item_id"]),
+                    str(item["batch_id"]),
+                    int(item["transactions"]),
+                    trace=trace,
+                    marked=marked,
+                    **parts,
                 )
             )
     except (AttributeError, KeyError, TypeError, ValueError) as exc:

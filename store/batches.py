@@ -159,10 +159,18 @@ def fill_from_manifest(row: dict[str, Any], manifest: Manifest) -> None:
         first_item_sent_at=manifest.first_item_sent_at,
         last_item_sent_at=manifest.last_item_sent_at,
         debatched_at=manifest.debatched_at,
-        filter_serial=manifest.filter_serial,
         id_serial=manifest.id_serial,
         id_parts=manifest.id_parts,
     )
+    marked_with(row, manifest.filter_serial)
+
+
+def marked_with(row: dict[str, Any], serial: int | None) -> None:
+    """Lower a batch's ``filter_serial`` to ``serial``, the filter some of its rows were marked against. A batch
+    cut again after its initiator died has work items of each cut (those recorded first count), each marked against
+    the filter of its time: the ledger must compare it with every batch the oldest of them could not hold."""
+    if serial is not None and (row["filter_serial"] is None or serial < row["filter_serial"]):
+        row["filter_serial"] = serial
 
 
 def count(row: dict[str, Any], accepted: int, rejected: int) -> None:

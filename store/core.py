@@ -30,6 +30,7 @@ from .batches import (
     count,
     fill_from_manifest,
     lock_batches,
+    marked_with,
     next_state,
     settle,
     status,
@@ -384,6 +385,8 @@ def _record_work_items(
         for n in found.poisoned
     ]
     insert_work_items(conn, records)
+    for result in [*found.new, *found.recovered]:
+        marked_with(rows[result.batch_id], result.marked)
     for result in found.recovered:
         conn.execute(
             sa.update(work_items)

@@ -1,16 +1,22 @@
 """The id filter as initiators share it, on Azurite: merges by two initiators at once both land (conditional
 writes), each with its own serial; a reader sees every merge; the size is the first writer's; a filter of several
-transfers is written from pieces and read into place whole; an initiator reads the stored filter as it starts."""
+transfers is written from pieces and read into place whole; an initiator reads the stored filter as it starts, and
+names the serial it marked a batch's rows against in each work item."""
 
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import numpy as np
 
+from billing import client
+from billing.sample import generate, sample_price_book_bytes, sample_tax_table_bytes
 from initiator.ledger_filter import SharedFilter
 from initiator.service import Initiator
+from shared.messaging.envelope import ClaimCheck
 from shared.messaging.storage import Storage
+from shared.protocol import parse_request, parse_work_header
 from shared.settings import Settings
 from support.waiting import wait_until_async
 
@@ -67,3 +73,26 @@ async def test_an_initiator_reads_the_stored_filter_as_it_starts_and_once(
     finally:
         initiator.stop()
         await running
+
+
+async def test_each_work_item_names_the_filter_serial_its_rows_were_marked_against(
+    storage: Storage, settings_env: Settings, tmp_path: Path
+) -> None:
+    writer = SharedFilter(storage, container=settings_env.work_container, bits=1 << 16)
+    await writer.load()
+    assert await writer.merge(_hashes(7)) == 1
+    await client.register(settings_env, sample_price_book_bytes(), sample_tax_table_bytes())
+    path = tmp_path / "marked.csv"
+    generate(500, path, seed=7)
+    await client.submit(settings_env, path, batch_id="marked")
+    claim_check = ClaimCheck(storage, container=settings_env.work_container, limit=settings_env.max_message_bytes)
+    [message] = [m async for m in storage.queue(settings_env.requests_queue).receive_messages(max_messages=32)]
+    initiator = Initiator(storage=storage, settings=settings_env.model_copy(update={"work_item_size": 100}))
+    manifest = await initiator.initiate(parse_request(await claim_check.unpack(message.content)))
+    assert (manifest.filter_serial, manifest.id_serial) == (1, 2) and manifest.work_items > 1
+    headers = [
+        parse_work_header(await claim_check.unpack(m.content))
+        for queue in settings_env.input_queues
+        async for m in storage.queue(queue).receive_messages(max_messages=32)
+    ]
+    assert len(headers) == manifest.work_items and {header.marked for header in headers} == {1}

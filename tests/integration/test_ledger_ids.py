@@ -164,6 +164,29 @@ def test_a_batch_is_compared_with_one_debatched_at_the_same_time_in_passes_howev
     _check(store, "three", model.batch("three", two), model)
 
 
+def test_a_batch_cut_again_is_compared_with_every_batch_its_first_cut_could_not_check(store: Store) -> None:
+    """The SQLite soak's case: the initiator sent every work item of "two", marked against the filter of then, and
+    died before its merge; "four" was cut and merged meanwhile; the re-cut of "two" marked against a filter holding
+    "four", but its items were recorded already (the first copy of a work item counts). The ledger must compare
+    "two" with "four" as of its first cut: it is refused, not billed twice."""
+    shared, model = InProcess(bits=1 << 16), _model()
+    two, four = _rows([f"r{i}" for i in range(300)]), _rows([f"r{i}" for i in range(100, 400)], quantity="3")
+    first_life = InProcess(bits=1 << 16).cut("two", _csv(two))  # marked against the empty filter (serial 0)
+    assert {result.marked for result in first_life.results} == {0}  # from the header, through the processor's code
+    apply(store, shared.cut("four", _csv(four)))
+    _check(store, "four", model.batch("four", four), model)
+    again = shared.cut("two", _csv(two))  # marked against a filter holding "four"
+    assert again.manifest.filter_serial == 1 and sum(r.held.num_rows for r in again.results) == 200
+    store.apply([], first_life.results, ids=again.ids)
+    store.apply([again.manifest], again.results)
+    status = store.batch("two")
+    assert status is not None and status.state == BatchState.refused, status
+    assert (status.refused_reason or "").startswith("shares 200 transaction ids with batch four")
+    assert status.accepted == 0 and reports.aggregates(store, "two").empty
+    apply(store, shared.cut("two-again", _csv(two)))  # submitted again: checked, its shared ids duplicates
+    _check(store, "two-again", model.batch("two-again", two), model)
+
+
 def test_a_hash_shared_by_two_ids_never_rejects_a_row(store: Store) -> None:
     shared, model = InProcess(bits=1 << 16), _model()
     _run(store, shared, model, "first", _rows(["k1", "k2"]))
