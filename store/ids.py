@@ -276,8 +276,8 @@ def _earlier_rows(conn: sa.Connection, seq: int, own: Mapping[int, IdKey]) -> li
 
 def _shared_rows(conn: sa.Connection, row: Mapping[str, Any], other: _Hit) -> set[int]:
     """Rows of batch ``row`` whose id batch ``other`` holds too. Each batch's ids are read on their own, in passes
-    over its segment, hashes first: a join of the two would let a planner whose statistics predate both batches'
-    keys compare every pair of their ids."""
+    over its segment, hashes first: joined, PostgreSQL with statistics older than their segment scanned the
+    segment once per id."""
     mine, theirs = (row["id_segment"], row["id_key"]), (other.segment, other.key)
     mine_hashes, their_hashes = (
         np.fromiter(conn.scalars(_ids_of(*batch, ledger_ids.c.id_hash)), np.int64) for batch in (mine, theirs)
