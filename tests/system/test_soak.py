@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.soak import SUBMIT_AGAIN
+
 pytestmark = pytest.mark.slow
 
 MINUTES = 3
@@ -44,7 +46,15 @@ def test_a_soak_under_random_faults_ends_exact_with_nothing_lost(tmp_path: Path)
 
     batches = report["batches"]
     assert len(batches) >= 4, "two to three batches in flight for three minutes"
-    for batch in batches:
+    # A batch refused for sharing ids with one debatched at the same time counted nothing and was submitted
+    # again under a new id, which is checked with the others.
+    refused = [b for b in batches if b["submitted_again_as"]]
+    ids = {b["batch_id"] for b in batches}
+    for batch in refused:
+        assert batch["state"] == "refused" and SUBMIT_AGAIN in batch["refused_reason"], batch
+        assert batch["accepted"] == batch["rejected"] == batch["transactions_recorded"] == 0, batch
+        assert batch["submitted_again_as"] in ids, batch
+    for batch in (b for b in batches if not b["submitted_again_as"]):
         assert batch["state"] == "complete" and batch["exact"] and batch["counted_once"], batch
         assert batch["completed_items"] == batch["work_items"] and batch["poisoned_items"] == 0, batch
         assert (batch["accepted"], batch["rejected"]) == (batch["expected_accepted"], batch["expected_rejected"])
