@@ -256,8 +256,8 @@ def _segments(conn: sa.Connection) -> list[int]:
 
 def _earlier_rows(conn: sa.Connection, seq: int, own: Mapping[int, IdKey]) -> list[_Hit]:
     """For each of ``own`` (row → hash, id), the earlier batches, not voided, holding the same id. The ids are
-    found by hash in every segment, then their batches read by key: two single-table reads. Joined, PostgreSQL
-    that took the batches for one row (no statistics yet) probed every segment once per batch."""
+    found by hash in every segment, then their batches read by key: two single-table reads. Joined to the batches,
+    the probes ran once per batch where PostgreSQL, without statistics on them, took them for one row."""
     if not own:
         return []
     by_id: dict[tuple[int, str], list[int]] = {}
