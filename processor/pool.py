@@ -68,7 +68,10 @@ class RatingPool:
         context = multiprocessing.get_context("forkserver")
         context.set_forkserver_preload(PRELOAD)
         executor = ProcessPoolExecutor(
-            self.workers, mp_context=context, initializer=exit_with, initargs=(os.getpid(), self._owner_check)
+            self.workers,
+            mp_context=context,
+            initializer=exit_with,
+            initargs=(os.getpid(), self._owner_check, self._spool),
         )
         for _ in range(self.workers):
             executor.submit(_started)
@@ -96,14 +99,17 @@ def _unspooled(path: str) -> Any:
         os.unlink(path)
 
 
-def exit_with(owner: int, interval: float = 1.0) -> None:
+def exit_with(owner: int, interval: float = 1.0, spool: str | None = None) -> None:
     """Worker initializer: exit once the process that owns the pool is gone, even SIGKILLed (a
-    killed owner cannot shut its pool down, and idle workers would otherwise wait forever)."""
+    killed owner cannot shut its pool down, and idle workers would otherwise wait forever), removing its
+    ``spool`` and any result left there first (a killed owner cannot)."""
 
     def watch() -> None:
         while True:
             time.sleep(interval)
             if not pid_alive(owner):
+                if spool is not None:
+                    shutil.rmtree(spool, ignore_errors=True)
                 os._exit(0)
 
     threading.Thread(target=watch, name="owner-watch", daemon=True).start()

@@ -46,7 +46,7 @@ def children(pid: int) -> list[int]:
     return [int(child) for task in Path(f"/proc/{pid}/task").glob("*/children") for child in task.read_text().split()]
 
 
-def test_workers_exit_when_their_owner_is_killed(tmp_path: Path) -> None:
+def test_workers_exit_when_their_owner_is_killed_and_remove_its_spool(tmp_path: Path) -> None:
     owner = subprocess.Popen(
         [sys.executable, "-c", OWNER],
         stdin=subprocess.PIPE,
@@ -60,6 +60,7 @@ def test_workers_exit_when_their_owner_is_killed(tmp_path: Path) -> None:
     os.kill(owner.pid, signal.SIGKILL)
     owner.wait()
     assert wait_until(lambda: not any(alive(pid) for pid in workers), 10, interval=0.1), "orphaned rating workers"
+    assert not list(tmp_path.glob("billing-rating-*")), "the killed owner's spool is left behind"
 
 
 def dies_while_returning(marker: str, delay: float, size: int) -> tuple[int, bool, bytes]:
