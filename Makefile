@@ -25,6 +25,6 @@ test: setup lint
 	bash deploy/install-poppler.sh
 	$(PYTHON) -m pytest
 
-# The system tests with two busy loops beside them (stopped however the run ends): see docs/testing.md.
+# The system tests in one process with two busy loops beside them (stopped however the run ends): see docs/testing.md.
 test-stress: setup
-	$(PYTHON) tests/support/stress.py --loops 2 tests/system
+	$(PYTHON) tests/support/stress.py --loops 2 -n 0 tests/system

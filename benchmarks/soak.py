@@ -91,6 +91,8 @@ DRAIN_TIMEOUT = 120.0  # seconds, after that, for every queue to be empty
 ACCOUNTED_POISON = frozenset({"missing_claim_check"})
 #: What the ledger's refusal of a batch debatched at the same time as an earlier one says (:mod:`store.ids`).
 SUBMIT_AGAIN = "debatched at the same time"
+#: How much longer than its minutes a soak may go on to submit its ``min_batches``.
+OVERTIME = 3.0
 
 
 @dataclass
@@ -143,6 +145,7 @@ class SoakReport:
     ok: bool
     problems: list[str]
     minutes: float
+    min_batches: int
     store: str
     seed: int
     started_at: str
@@ -164,8 +167,9 @@ class SoakReport:
 class Soak:
     """One soak: :meth:`run` does it all and returns the report."""
 
-    def __init__(self, *, minutes: float, store: StoreKind, seed: int, console: Console) -> None:
+    def __init__(self, *, minutes: float, store: StoreKind, seed: int, console: Console, min_batches: int = 0) -> None:
         self.minutes, self.store_kind, self.seed, self.console = minutes, store, seed, console
+        self.min_batches = min_batches
         self.rng = random.Random(seed)  # the faults (what happens when depends on timing)
         self.plan = random.Random(f"batches-{seed}")  # the batches: the same sequence for the same seed
         self.batches: list[SoakBatch] = []
@@ -217,6 +221,9 @@ class Soak:
                 self._inject_until(self.minutes * 60)
                 self.submitting.clear()
                 submitter.join(timeout=600)
+                if len(self.batches) < self.min_batches:
+                    submitted = f"{len(self.batches)} batches submitted in {self.now() / 60:.1f} minutes"
+                    self.problems.append(f"{submitted}, not the {self.min_batches} asked for")
                 self.console.print(f"{self.now():.0f} s: faults over; waiting for {len(self.batches)} batches")
                 self._wait_up(timeout=120)
                 self._settle()
@@ -321,13 +328,14 @@ class Soak:
     # -- faults ----------------------------------------------------------------------------------------------
 
     def _inject_until(self, seconds: float) -> None:
-        """Inject faults until ``seconds`` after the start, sampling the roles meanwhile; then undo them all."""
+        """Inject faults until ``seconds`` after the start, and on until :attr:`min_batches` were submitted (at
+        most :data:`OVERTIME` times as long), sampling the roles meanwhile; then undo them all."""
         undo: list[tuple[float, Callable[[], None]]] = []
         next_fault, next_sample = self.now() + self.rng.uniform(*FAULT_GAP), 0.0
         self.down: set[int] = set()
         self.frozen = self.proxy_failing = self.postgres_down = False
         try:
-            while self.now() < seconds:
+            while self.now() < seconds or (len(self.batches) < self.min_batches and self.now() < seconds * OVERTIME):
                 for due, action in sorted(undo, key=lambda pair: pair[0]):
                     if due <= self.now():
                         undo.remove((due, action))
@@ -603,6 +611,7 @@ class Soak:
             ok=not self.problems,
             problems=self.problems,
             minutes=self.minutes,
+            min_batches=self.min_batches,
             store=self.store_kind,
             seed=self.seed,
             started_at=started_at.isoformat(),
@@ -729,10 +738,12 @@ def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
-def run(*, minutes: float, store: StoreKind, seed: int, output: Path, console: Console) -> SoakReport:
+def run(
+    *, minutes: float, store: StoreKind, seed: int, output: Path, console: Console, min_batches: int = 0
+) -> SoakReport:
     """The soak; prints the summary, writes ``output`` (JSON) and ``<output>.png``. Exit status is the caller's."""
     signal.signal(signal.SIGTERM, _interrupt)  # stop as on Ctrl-C: roles stopped, storage thawed and stopped
-    report = Soak(minutes=minutes, store=store, seed=seed, console=console).run()
+    report = Soak(minutes=minutes, store=store, seed=seed, console=console, min_batches=min_batches).run()
     _print(report, console)
     output.write_text(json.dumps(asdict(report), indent=2))
     chart = output.with_suffix(".png")

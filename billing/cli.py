@@ -504,10 +504,20 @@ def bench_ledger_command(
 @click.option("--minutes", type=click.FloatRange(min=0.5), default=60.0, show_default=True, help="Load and faults.")
 @click.option("--store", type=click.Choice(["sqlite", "postgresql"]), default="sqlite", show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
+@click.option(
+    "--min-batches",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    help="Go on past --minutes until this many batches were submitted (at most 3 times as long).",
+)
 @click.option("--output", type=click.Path(dir_okay=False, path_type=Path), default=Path("soak.json"))
-def soak_command(minutes: float, store: Any, seed: int, output: Path) -> None:
+def soak_command(minutes: float, store: Any, seed: int, min_batches: int, output: Path) -> None:
     """Batches back to back under random faults, then every batch checked exactly (JSON + PNG); exit 1 if not."""
-    if not _benchmark("soak").run(minutes=minutes, store=store, seed=seed, output=output, console=console).ok:
+    soak = _benchmark("soak")
+    if not soak.run(
+        minutes=minutes, store=store, seed=seed, output=output, console=console, min_batches=min_batches
+    ).ok:
         sys.exit(1)
 
 

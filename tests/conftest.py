@@ -19,6 +19,31 @@ from shared.settings import Settings
 from support.azurite import running_azurite
 from support.roles import Roles
 
+#: Folders in the order a worker is handed their tests: the longest first, so that no worker is left with a
+#: long run to finish alone while the others have nothing more to take.
+FOLDER_ORDER = ("system", "deploy", "integration", "unit")
+#: pytest-xdist workers per core (``-n auto``): most of a system test is waiting (leases, outages, idle polls),
+#: its role processes using well under a core together.
+WORKERS_PER_CORE = 2
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """The workers ``-n auto`` starts: :data:`WORKERS_PER_CORE` for each core of this machine."""
+    return WORKERS_PER_CORE * (os.cpu_count() or 1)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Under pytest-xdist, the slow runs first, then the folders in :data:`FOLDER_ORDER` (a stable
+    sort: within each, the order of collection). Each worker sorts alike, as xdist requires."""
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        return
+
+    def rank(item: pytest.Item) -> tuple[bool, int]:
+        folder = item.path.parent.name
+        return item.get_closest_marker("slow") is None, FOLDER_ORDER.index(folder) if folder in FOLDER_ORDER else 0
+
+    items.sort(key=rank)
+
 
 @pytest.fixture(scope="session")
 def azurite(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:

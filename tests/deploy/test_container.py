@@ -30,7 +30,8 @@ ROLES = ("initiator", "processor", "controller")
 IMAGE_USER = "10001"
 IMAGE_HOME = "/var/lib/billing"
 
-pytestmark = pytest.mark.slow
+# The image builds share one Podman store and its base image (see docs/testing.md).
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("podman")]
 
 
 def podman(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:

@@ -32,7 +32,8 @@ ROWS = 100_000
 DEPLOY = ROOT / "deploy"
 ENV = {**os.environ, "CONTAINERS_CONF": str(DEPLOY / "containers.conf")}
 
-pytestmark = pytest.mark.slow
+# The image builds share one Podman store and its base image (see docs/testing.md).
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("podman")]
 
 
 def podman(*args: str, timeout: float = 120, check: bool = True) -> subprocess.CompletedProcess[str]:
