@@ -99,7 +99,7 @@ def _unspooled(path: str) -> Any:
         os.unlink(path)
 
 
-def exit_with(owner: int, interval: float = 1.0, spool: str | None = None) -> None:
+def exit_with(owner: int, interval: float, spool: str) -> None:
     """Worker initializer: exit once the process that owns the pool is gone, even SIGKILLed (a
     killed owner cannot shut its pool down, and idle workers would otherwise wait forever), removing its
     ``spool`` and any result left there first (a killed owner cannot)."""
@@ -108,8 +108,7 @@ def exit_with(owner: int, interval: float = 1.0, spool: str | None = None) -> No
         while True:
             time.sleep(interval)
             if not pid_alive(owner):
-                if spool is not None:
-                    shutil.rmtree(spool, ignore_errors=True)
+                shutil.rmtree(spool, ignore_errors=True)
                 os._exit(0)
 
     threading.Thread(target=watch, name="owner-watch", daemon=True).start()

@@ -22,15 +22,15 @@ def soak(min_batches: int, monkeypatch: pytest.MonkeyPatch) -> Soak:
     return made
 
 
-def submit_every(made: Soak, seconds: float, count: int) -> threading.Thread:
+def submit_every(made: Soak, seconds: float, count: int) -> None:
+    """Add ``count`` batches to the soak, one every ``seconds``, from a thread (as its submitter does)."""
+
     def submit() -> None:
         for number in range(count):
             time.sleep(seconds)
             made.batches.append(SoakBatch(f"b{number}", "csv", 1, "2026-01", 0.0, number, made.now()))
 
-    thread = threading.Thread(target=submit, daemon=True)
-    thread.start()
-    return thread
+    threading.Thread(target=submit, daemon=True).start()
 
 
 def test_the_faults_go_on_past_the_minutes_until_the_batches_were_submitted(monkeypatch: pytest.MonkeyPatch) -> None:
