@@ -15,14 +15,15 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 
-from shared.protocol import Manifest
-
 from .schema import batches
+
+if TYPE_CHECKING:  # the message types only: the store runs without the Azure SDK's import
+    from shared.protocol import Manifest
 
 
 class BatchState(StrEnum):

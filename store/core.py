@@ -13,14 +13,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from types import TracebackType
-from typing import Any, Self
+from typing import TYPE_CHECKING, Any, Self
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import sqlalchemy as sa
 from azure.core.credentials import TokenCredential
-
-from shared.protocol import IdsPart, Manifest, PoisonNotice, WorkItemResult
 
 from . import migrate as migrations
 from .batches import (
@@ -64,6 +62,9 @@ from .items import (
 )
 from .ledger import late, number_batches, record_late
 from .schema import batches, work_items
+
+if TYPE_CHECKING:  # the message types only: the store runs without the Azure SDK's import
+    from shared.protocol import IdsPart, Manifest, PoisonNotice, WorkItemResult
 
 #: Sets a fold's sums on SQLite, binding the canonical decimal text Arrow wrote (no conversion per value).
 _SQLITE_UPSERT = (

@@ -1,6 +1,7 @@
 """Exact checks of pipeline output: the ``billing`` command as a subprocess, batch files read with
 nothing from ``shared``, the expected aggregates, invoices and rejects from the independent
-``reference_model``, and the reports to compare them with."""
+``reference_model``, and a batch's state and reports to compare them with (read in this process by the store
+code behind ``billing status`` and ``billing report``)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,8 @@ import pyarrow.parquet as pq
 
 from benchmarks import reference_model as model
 from billing.sample import sample_price_book_bytes, sample_tax_table_bytes
+from shared.settings import Settings
+from store import Store, reports
 
 
 def billing(*args: str) -> subprocess.CompletedProcess[str]:
@@ -79,18 +82,29 @@ def sorted_records(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def report(kind: str, batch_id: str) -> list[dict[str, Any]]:
-    return json.loads(billing("report", kind, "--batch", batch_id, "--format", "json").stdout)
+    """What ``billing report KIND --batch ID --format json`` prints."""
+    with Store(Settings().sql_url_value) as store:
+        frame = getattr(reports, kind)(store, batch_id)
+    return json.loads(reports.write_report(frame, "json") or "")
+
+
+def status(batch_id: str) -> dict[str, Any]:
+    """What ``billing status ID --json`` prints."""
+    with Store(Settings().sql_url_value) as store:
+        found = store.batch(batch_id)
+    assert found is not None, f"batch {batch_id} is unknown"
+    return json.loads(json.dumps(found.to_json_dict()))
 
 
 def assert_batch_exact(batch_id: str, path: Path, taken: set[str] | frozenset[str] = frozenset()) -> None:
     """Batch ``batch_id`` (submitted from ``path``) is complete, nothing poisoned, every row counted once,
     and its aggregates and invoices equal the reference model's (``taken``: ids counted in earlier batches)."""
     aggregates, invoices, rejects = expected(read_raw(path), taken)
-    status = json.loads(billing("status", batch_id, "--json").stdout)
-    assert status["state"] == "complete", status
-    assert status["poisoned_items"] == 0
-    assert (status["accepted"], status["rejected"]) == (sum(a["transactions"] for a in aggregates), len(rejects))
-    assert status["completed_items"] == status["work_items"]
+    state = status(batch_id)
+    assert state["state"] == "complete", state
+    assert state["poisoned_items"] == 0
+    assert (state["accepted"], state["rejected"]) == (sum(a["transactions"] for a in aggregates), len(rejects))
+    assert state["completed_items"] == state["work_items"]
     got = report("aggregates", batch_id)
     for record in got:
         record["quantity"] = Decimal(record["quantity"])

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import csv
 import hashlib
-import json
 from pathlib import Path
 
 import pytest
@@ -16,7 +15,7 @@ from benchmarks import reference_model as model
 from billing.sample import generate, sample_price_book_bytes, sample_tax_table_bytes
 from shared.settings import Settings
 from store import BatchStatus, Store
-from support.exact import assert_batch_exact, billing, read_raw, report
+from support.exact import assert_batch_exact, billing, read_raw, report, status
 from support.roles import Roles
 from support.waiting import wait_until
 
@@ -35,13 +34,9 @@ def _write(path: Path, rows: list[dict[str, str]]) -> Path:
     return path
 
 
-def _status(batch_id: str) -> dict[str, object]:
-    return dict(json.loads(billing("status", batch_id, "--json").stdout))
-
-
 def _check_in_seq_order(ledger: model.Ledger, files: dict[str, Path]) -> None:
     """Every batch exact against the model, taken in sequence order, duplicates on the same rows."""
-    for batch_id in sorted(files, key=lambda b: int(_status(b)["seq"])):  # type: ignore[call-overload]
+    for batch_id in sorted(files, key=lambda b: int(status(b)["seq"])):  # type: ignore[call-overload]
         taken = ledger.counted_ids()
         fates = ledger.batch(batch_id, read_raw(files[batch_id]))
         assert_batch_exact(batch_id, files[batch_id], taken)
@@ -70,7 +65,7 @@ def test_a_re_export_is_rejected_as_duplicates_and_a_void_releases_its_ids(
         billing("submit", str(files[batch_id]), "--batch-id", batch_id)
         _run_roles(roles)
     _check_in_seq_order(ledger, files)
-    assert _status("second")["rejected"] >= 290  # type: ignore[operator]
+    assert status("second")["rejected"] >= 290  # type: ignore[operator]
 
     billing("void", "first")
     ledger.void("first")
@@ -78,7 +73,7 @@ def test_a_re_export_is_rejected_as_duplicates_and_a_void_releases_its_ids(
     billing("submit", str(third["third"]), "--batch-id", "third")
     _run_roles(roles)
     _check_in_seq_order(ledger, third)
-    assert _status("third")["accepted"] >= 300  # type: ignore[operator]
+    assert status("third")["accepted"] >= 300  # type: ignore[operator]
 
 
 def test_batches_side_by_side_and_roles_killed_mid_way_stay_exact(
@@ -96,7 +91,7 @@ def test_batches_side_by_side_and_roles_killed_mid_way_stay_exact(
     files = {hashlib.sha256(path.read_bytes()).hexdigest(): path for path in paths}  # ids of files submitted together
     billing("reference", "set", "--sample")
     # Progress is polled in the store, not by a `billing status` process per look (the CLI reads the same
-    # rows: _status above); the roles keep both cores.
+    # rows: support.exact.status); the roles keep both cores.
     with roles.running(settings_env), Store(settings_env.sql_url_value) as store:
 
         def states() -> list[BatchStatus | None]:

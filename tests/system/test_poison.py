@@ -20,7 +20,7 @@ from shared.messaging.storage import Storage, content_hash
 from shared.protocol import WorkHeader, work_envelope
 from shared.refstore import PRICEBOOK, ReferenceStore
 from shared.settings import Settings
-from support.exact import billing, expected, read_raw, report, sorted_records
+from support.exact import billing, expected, read_raw, report, sorted_records, status
 from support.references import sample_flags
 from support.roles import Roles
 
@@ -29,10 +29,6 @@ pytestmark = pytest.mark.usefixtures("settings_env")
 
 def poison_list() -> dict[str, dict[str, Any]]:
     return {q["queue"]: q for q in json.loads(billing("poison", "list", "--json").stdout)}
-
-
-def status(batch_id: str) -> dict[str, Any]:
-    return json.loads(billing("status", batch_id, "--json").stdout)
 
 
 async def _drop_price_book(settings: Settings) -> None:

@@ -1,5 +1,5 @@
-"""``billing void`` as a user runs it, on batches the real roles completed: sequence numbers in ``billing
-status``, a voided batch gone from every report, refusals on one line that change nothing, and its id
+"""``billing void`` as a user runs it, on batches the real roles completed: sequence numbers in a batch's
+status, a voided batch gone from every report, refusals on one line that change nothing, and its id
 refused when submitted again."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 
 from billing.sample import generate
 from shared.settings import Settings
-from support.exact import billing, expected, read_raw, sorted_records
+from support.exact import billing, expected, read_raw, sorted_records, status
 from support.roles import Roles
 
 
@@ -21,10 +21,6 @@ def attempt(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "billing", *args], capture_output=True, text=True, env=os.environ, timeout=120
     )
-
-
-def status(batch_id: str) -> dict[str, object]:
-    return dict(json.loads(billing("status", batch_id, "--json").stdout))
 
 
 def refused_on_one_line(done: subprocess.CompletedProcess[str], words: str) -> None:
