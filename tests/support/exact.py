@@ -85,7 +85,8 @@ def report(kind: str, batch_id: str) -> list[dict[str, Any]]:
     """What ``billing report KIND --batch ID --format json`` prints."""
     with Store(Settings().sql_url_value) as store:
         frame = getattr(reports, kind)(store, batch_id)
-    return json.loads(reports.write_report(frame, "json") or "")
+    records: list[dict[str, Any]] = json.loads(reports.write_report(frame, "json") or "")
+    return records
 
 
 def status(batch_id: str) -> dict[str, Any]:
@@ -93,7 +94,8 @@ def status(batch_id: str) -> dict[str, Any]:
     with Store(Settings().sql_url_value) as store:
         found = store.batch(batch_id)
     assert found is not None, f"batch {batch_id} is unknown"
-    return json.loads(json.dumps(found.to_json_dict()))
+    printed: dict[str, Any] = json.loads(json.dumps(found.to_json_dict()))
+    return printed
 
 
 def assert_batch_exact(batch_id: str, path: Path, taken: set[str] | frozenset[str] = frozenset()) -> None:
