@@ -274,13 +274,15 @@ async def test_next_receive_overlaps_processing(storage: Storage, settings_env: 
     overlapped: list[bool] = []
     batches: list[int] = []
 
+    async def none_visible() -> bool:
+        return not await queue.peek_messages(max_messages=1)
+
     async def handler(messages: list[QueueMessage]) -> Mapping[str, str]:
         batches.append(len(messages))
         if not overlapped:  # the first batch, held until the second is received (none left visible) or 15 s
             try:
                 async with asyncio.timeout(15):
-                    while await queue.peek_messages(max_messages=1):
-                        await asyncio.sleep(0.02)
+                    await wait_until_async(none_visible, interval=0.02)
                 overlapped.append(True)
             except TimeoutError:
                 overlapped.append(False)
