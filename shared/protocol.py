@@ -12,7 +12,7 @@ import logging
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -22,9 +22,11 @@ import pyarrow.parquet as pq
 from .errors import FileRefused, PoisonMessage
 from .inbox import Part
 from .messaging.envelope import ClaimCheck, Envelope
-from .messaging.poison import OnPoisoned
 from .rules.batchfile import CHUNK_SCHEMA, read_chunks
 from .rules.schemas import HELD_SCHEMA, PARTIAL_SCHEMA, REJECT_SCHEMA
+
+if TYPE_CHECKING:  # the poison queue in annotations only: the rating workers decode messages without it
+    from .messaging.poison import OnPoisoned
 
 REQUEST, WORK, RESULTS, MANIFEST, POISONED, IDS = "request", "work", "results", "manifest", "poisoned", "ids"
 #: The rows of a text work item's part that repeat an earlier row's transaction id: its payload.

@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from azure.core.exceptions import ResourceExistsError, ResourceNotFoundError
 
 from .errors import PoisonMessage
-from .messaging.storage import Storage, content_hash
+from .messaging.envelope import content_hash
+from .messaging.storage import Storage
 
 PRICEBOOK, TAXES = "pricebook", "taxes"
 #: The blob naming the registered set (a name no content-addressed blob has).

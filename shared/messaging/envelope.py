@@ -15,17 +15,21 @@ import asyncio
 import base64
 import binascii
 import contextlib
+import hashlib
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from azure.core.exceptions import ResourceNotFoundError
-from azure.storage.blob.aio import ContainerClient
 
 from .. import telemetry
 from ..errors import PoisonMessage
 from . import tally
-from .storage import Storage, content_hash
+
+if TYPE_CHECKING:  # the storage client in annotations only: the rating workers read envelopes without it
+    from azure.storage.blob.aio import ContainerClient
+
+    from .storage import Storage
 
 VERSION = 1
 #: A claim-check reference's ``account`` when the blob was written to the secondary account.
@@ -36,6 +40,11 @@ FRAMING_ALLOWANCE = 1024
 STAMP_ALLOWANCE = 48
 #: Claim-check blobs of a batch live under ``batches/<batch id>/``.
 BATCH_PREFIX = "batches"
+
+
+def content_hash(data: bytes) -> str:
+    """Hex SHA-256 of some bytes: the name of content-addressed blobs and checksums."""
+    return hashlib.sha256(data).hexdigest()
 
 
 def batch_blob(batch_id: str, *parts: str) -> str:

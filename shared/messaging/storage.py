@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import ipaddress
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable
@@ -294,8 +293,3 @@ def _service_urls(account_url: str) -> tuple[str, str]:
     if ".blob." in url:
         return url, url.replace(".blob.", ".queue.")
     raise ConfigurationError(f"BILLING_STORAGE_ACCOUNT_URL must name a blob or queue endpoint: {url}")
-
-
-def content_hash(data: bytes) -> str:
-    """Hex SHA-256 of some bytes: the name of content-addressed blobs and checksums."""
-    return hashlib.sha256(data).hexdigest()

@@ -1,5 +1,5 @@
-"""Exact checks of pipeline output: the ``billing`` command as a subprocess, batch files read with
-nothing from ``shared``, the expected aggregates, invoices and rejects from the independent
+"""Exact checks of pipeline output: the ``billing`` command (in this process, or as a process of its own), batch
+files read with nothing from ``shared``, the expected aggregates, invoices and rejects from the independent
 ``reference_model``, and a batch's state and reports to compare them with (read in this process by the store
 code behind ``billing status`` and ``billing report``)."""
 
@@ -11,19 +11,35 @@ import subprocess
 import sys
 from collections import defaultdict
 from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
 import pyarrow.parquet as pq
+from click.testing import CliRunner
 
 from benchmarks import reference_model as model
+from billing.cli import cli
 from billing.sample import sample_price_book_bytes, sample_tax_table_bytes
 from shared.settings import Settings
 from store import Store, reports
 
 
 def billing(*args: str) -> subprocess.CompletedProcess[str]:
+    """``billing ARGS...`` run in this process, which has loaded what the command imports (a process of its own
+    would load it all again), on the settings of the environment; it must succeed. The roles it talks to are
+    processes of their own; what only a process of its own shows (its exit status on an error, telemetry set up
+    once per process) is :func:`billing_process`'s. It runs on a thread of its own: this one may be running an
+    event loop (an async test's, the browser's)."""
+    with ThreadPoolExecutor(1) as thread:
+        done = thread.submit(CliRunner().invoke, cli, list(args)).result()
+    assert done.exit_code == 0, f"{done.output}{done.exception!r}"
+    return subprocess.CompletedProcess(["billing", *args], done.exit_code, done.stdout, done.stderr)
+
+
+def billing_process(*args: str) -> subprocess.CompletedProcess[str]:
+    """``billing ARGS...`` as a process of its own; it must succeed."""
     result = subprocess.run([sys.executable, "-m", "billing", *args], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     return result

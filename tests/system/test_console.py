@@ -18,7 +18,8 @@ import pytest
 from playwright.sync_api import Browser, Page, expect
 
 from billing.sample import generate, sample_price_book_bytes
-from shared.messaging.storage import Storage, content_hash
+from shared.messaging.envelope import content_hash
+from shared.messaging.storage import Storage
 from shared.refstore import PRICEBOOK, ReferenceStore
 from shared.settings import Settings
 from support.browser import DESKTOP, PHONE, console_server

@@ -44,7 +44,7 @@ from billing.sample import generate
 from shared.localstack import AzuriteStack
 from shared.settings import Settings
 from support.azurite import running_azurite, service_ports
-from support.exact import billing, expected, read_raw, report, sorted_records
+from support.exact import billing_process, expected, read_raw, report, sorted_records
 from support.identity import IdentityPlatform, make_certificates
 from support.netns import NamespaceRefused, loopback_only, namespace_of, unreachable
 from support.references import sample_flags
@@ -152,7 +152,7 @@ def test_a_batch_runs_exact_with_the_platform_identity_and_no_key(
             env = environment_of(pid)
             assert "BILLING_STORAGE_CONNECTION_STRING" not in env and env["BILLING_STORAGE_ACCOUNT_URL"]
             assert not any("AccountKey" in value or "SharedAccessSignature" in value for value in env.values())
-        billing(
+        billing_process(
             "submit", str(batch), "--batch-id", batch_id, "--wait", "--timeout", "240", *sample_flags(tmp_path / "ref")
         )
         aggregates, invoices, rejects = expected(read_raw(batch))

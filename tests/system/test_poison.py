@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 
 from billing.sample import generate, sample_price_book_bytes
-from shared.messaging.envelope import ClaimCheck
-from shared.messaging.storage import Storage, content_hash
+from shared.messaging.envelope import ClaimCheck, content_hash
+from shared.messaging.storage import Storage
 from shared.protocol import WorkHeader, work_envelope
 from shared.refstore import PRICEBOOK, ReferenceStore
 from shared.settings import Settings

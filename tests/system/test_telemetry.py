@@ -28,11 +28,11 @@ from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 
 from billing.sample import generate, sample_price_book_bytes
 from shared import telemetry
-from shared.messaging.envelope import ClaimCheck, Envelope
-from shared.messaging.storage import Storage, content_hash
+from shared.messaging.envelope import ClaimCheck, Envelope, content_hash
+from shared.messaging.storage import Storage
 from shared.refstore import PRICEBOOK
 from shared.settings import Settings
-from support.exact import billing
+from support.exact import billing_process
 from support.netns import NamespaceRefused, loopback_only
 from support.otlp import OtlpReceiver, ReceivedSpan
 from support.references import sample_flags
@@ -77,10 +77,10 @@ def test_a_batch_is_one_trace_across_the_roles_and_its_counts_match_status(
     generate(ROWS, path, seed=29, reject_rate=0.02)
     with roles.running(settings):
         assert roles.wait_up()
-        billing("submit", str(path), "--batch-id", "traced", "--wait", *sample_flags(tmp_path / "ref"))
+        billing_process("submit", str(path), "--batch-id", "traced", "--wait", *sample_flags(tmp_path / "ref"))
         assert {span.service for span in receiver.spans} == {"client"}, "the client flushed as it exited"
     assert roles.returncodes == [0, 0, 0]
-    status = json.loads(billing("status", "traced", "--json").stdout)
+    status = json.loads(billing_process("status", "traced", "--json").stdout)
     assert status["state"] == "complete" and status["work_items"] > 5
 
     spans = batch_trace(receiver, "traced")
@@ -139,12 +139,12 @@ def test_poisoned_work_items_and_their_failed_batch_show_in_its_trace_and_counte
     settings = Settings()
     path = tmp_path / "batch.csv"
     generate(1_500, path, seed=31)
-    billing("submit", str(path), "--batch-id", "doomed", *sample_flags(tmp_path / "ref"))
+    billing_process("submit", str(path), "--batch-id", "doomed", *sample_flags(tmp_path / "ref"))
     roles.burst("initiator")
     asyncio.run(_drop_sample_price_book(settings))
     roles.burst("processor")
     roles.burst("controller")
-    status = json.loads(billing("status", "doomed", "--json").stdout)
+    status = json.loads(billing_process("status", "doomed", "--json").stdout)
     work_items = status["work_items"]
     assert (status["state"], status["poisoned_items"]) == ("failed", work_items)
 

@@ -1,6 +1,6 @@
 """The roles start without the command line: ``python -m <role>`` runs the role through :mod:`shared.roles`,
 and ``billing`` depends on the roles, never the reverse; the command line and the console read the store
-library, never the controller role's service module."""
+library, never the controller role's service module; the rating workers' fork server loads no storage client."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from processor.pool import PRELOAD
 from shared.roles import BUILDERS, ROLES
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -91,3 +92,16 @@ def test_the_roles_the_store_and_shared_never_import_billing() -> None:
         for path in _sources(*BELOW_BILLING)
     }
     assert {path: names for path, names in offending.items() if names} == {}
+
+
+def test_the_rating_workers_preload_no_storage_client_or_settings() -> None:
+    """What the fork server imports for every rating worker is what rating uses: messages are decoded there,
+    never sent or fetched, so the storage SDK, its HTTP client and the settings stay out of it."""
+    imports = "; ".join(f"import {module}" for module in PRELOAD)
+    probe = f"import json, sys; {imports}; print(json.dumps(sorted(sys.modules)))"
+    probed = _python("-c", probe)
+    assert probed.returncode == 0, probed.stderr
+    loaded = json.loads(probed.stdout.splitlines()[-1])
+    heavy = ("azure.storage", "aiohttp", "pydantic", "shared.settings", "shared.messaging.storage")
+    assert sorted({p for p in heavy for m in loaded if m == p or m.startswith(f"{p}.")}) == []
+    assert "shared.rules.rating" in loaded
