@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from support.modules import loaded_of
+
 ROOT = Path(__file__).resolve().parents[2]
 
 #: Runs ``python -m billing ARGS...`` as ``-m`` does, then prints the top-level packages (and the ``shared``
@@ -46,10 +48,6 @@ def _loaded(*args: str, env: dict[str, str] | None = None) -> tuple[int, list[st
     return found["code"], found["modules"]
 
 
-def _of(modules: list[str], packages: tuple[str, ...]) -> list[str]:
-    return sorted({p for p in packages for m in modules if m == p or m.startswith(f"{p}.")})
-
-
 @pytest.mark.parametrize(
     "args",
     [("--help",), ("submit", "--help"), ("report", "--help"), ("status", "--help"), ("poison", "list", "--help")],
@@ -58,13 +56,13 @@ def _of(modules: list[str], packages: tuple[str, ...]) -> list[str]:
 def test_help_loads_no_sdk_arrow_or_sql(args: tuple[str, ...]) -> None:
     code, modules = _loaded(*args)
     assert code == 0
-    assert _of(modules, HEAVY) == []
+    assert loaded_of(modules, HEAVY) == []
 
 
 def test_a_refused_argument_loads_no_sdk_arrow_or_sql(tmp_path: Path) -> None:
     code, modules = _loaded("submit", str(tmp_path / "missing.csv"))
     assert code == 2
-    assert _of(modules, HEAVY) == []
+    assert loaded_of(modules, HEAVY) == []
 
 
 def test_submit_loads_only_what_submitting_uses(tmp_path: Path) -> None:
@@ -77,4 +75,4 @@ def test_submit_loads_only_what_submitting_uses(tmp_path: Path) -> None:
     assert code == 2, "refused for its batch id, by the submitting code"
     assert "billing.client" in modules
     unused = ("sqlalchemy", "pandas", "fastapi", "store", "shared.messaging.service", "billing.poison")
-    assert _of(modules, unused) == []
+    assert loaded_of(modules, unused) == []

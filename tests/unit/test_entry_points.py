@@ -14,6 +14,7 @@ import pytest
 
 from processor.pool import PRELOAD
 from shared.roles import BUILDERS, ROLES
+from support.modules import loaded_of
 
 ROOT = Path(__file__).resolve().parents[2]
 #: The packages a role process may load: never ``billing``.
@@ -103,5 +104,5 @@ def test_the_rating_workers_preload_no_storage_client_or_settings() -> None:
     assert probed.returncode == 0, probed.stderr
     loaded = json.loads(probed.stdout.splitlines()[-1])
     heavy = ("azure.storage", "aiohttp", "pydantic", "shared.settings", "shared.messaging.storage")
-    assert sorted({p for p in heavy for m in loaded if m == p or m.startswith(f"{p}.")}) == []
+    assert loaded_of(loaded, heavy) == []
     assert "shared.rules.rating" in loaded
