@@ -166,7 +166,7 @@ def load_ledger(store: Store, ids: int, *, batch_rows: int = LEDGER_BATCH_ROWS) 
     with writing(store.engine) as conn:
         for seq, first, texts, hashes in _ledger_batches(ids, batch_rows):
             rows, segment = len(texts), first // SEGMENT_ROWS
-            insert_ids(conn, segment, hashes, np.full(rows, seq), np.arange(1, rows + 1), texts)
+            insert_ids(conn, segment, seq, hashes, np.arange(1, rows + 1), texts)
             loaded.append(_loaded_batch(f"ledger-{seq:06d}", seq, rows, segment, now))
         conn.execute(sa.insert(batches), loaded)
         conn.execute(sa.delete(counters).where(counters.c.name.in_((BATCH_SEQ, IDS, ID_KEYS))))

@@ -167,12 +167,12 @@ class Debatch:
         """Each row's first occurrence (0 for a first occurrence; its own row for one the ledger may hold)."""
         ids = pc.utf8_trim_whitespace(chunk.column("transaction_id").combine_chunks())
         rows = chunk.column("row").to_numpy()
-        repeat_of = self._first.repeat_of(ids, rows)
+        every_hash = np.zeros(len(ids), np.uint64)
+        repeat_of = self._first.repeat_of(ids, rows, hashes=every_hash)
         present = pc.fill_null(pc.greater(pc.binary_length(ids), 0), False).to_numpy(zero_copy_only=False)
         first = np.flatnonzero((repeat_of == 0) & present)
-        strings = ids.take(pa.array(first))
-        hashes, _ = FirstOccurrences.hashes(strings.to_numpy(zero_copy_only=False))
-        self._ids.append(pa.table([pa.array(rows[first]), strings], schema=IDS_SCHEMA))
+        self._ids.append(pa.table([pa.array(rows[first]), ids.take(pa.array(first))], schema=IDS_SCHEMA))
+        hashes = every_hash[first]
         self._hashes.append(hashes)
         if self._ledger is not None:
             held = first[self._ledger.might_contain(hashes)]

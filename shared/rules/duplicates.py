@@ -61,9 +61,10 @@ class FirstOccurrences:
         first, second = (pd.util.hash_array(ids, hash_key=key, categorize=False) for key in _HASH_KEYS)
         return first, (second >> np.uint64(32)).astype(np.uint32)
 
-    def repeat_of(self, ids: pa.Array, rows: np.ndarray) -> np.ndarray:
+    def repeat_of(self, ids: pa.Array, rows: np.ndarray, *, hashes: np.ndarray | None = None) -> np.ndarray:
         """For the next rows of the file (``ids`` stripped, their 1-based ``rows`` ascending), the row of
         each id's first occurrence, 0 where this is the first (or the id is empty); remembers the new ids.
+        ``hashes`` (uint64, one per row), if given, gets each id's 64-bit hash (the first of :meth:`hashes`).
         Refuses a file of more than ``MAX_ROWS`` rows."""
         repeat = np.zeros(len(ids), dtype=np.int64)
         if len(rows) and rows[-1] > MAX_ROWS:
@@ -76,6 +77,8 @@ class FirstOccurrences:
         strings = ids.take(pa.array(present)).to_numpy(zero_copy_only=False)
         own = rows[present]
         h1, h2 = self.hashes(strings)
+        if hashes is not None:
+            hashes[present] = h1
         order = np.argsort(h1, kind="stable")
         sorted_h1, sorted_h2 = h1[order], h2[order]
         first = np.zeros(len(present), dtype=np.int64)

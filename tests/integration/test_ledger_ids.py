@@ -140,9 +140,11 @@ def test_a_batch_is_compared_with_one_debatched_at_the_same_time_in_passes_howev
     the two batches' ids then ran as a scan of the segment per id (minutes at this size); each batch's ids read on
     their own stay far below the statement timeout set here."""
     earlier = pa.array([f"e{i}" for i in range(300_000)])
-    keys = np.repeat(np.arange(1_000, 1_020, dtype=np.int64), len(earlier) // 20)  # no batch has these keys
+    per_key = len(earlier) // 20
     with writing(store.engine) as conn:
-        insert_ids(conn, 0, id_hashes(earlier), keys, np.arange(len(earlier), dtype=np.int64), earlier)
+        for n, key in enumerate(range(1_000, 1_020)):  # no batch has these keys
+            ids = earlier[n * per_key : (n + 1) * per_key]
+            insert_ids(conn, 0, key, id_hashes(ids), np.arange(n * per_key, (n + 1) * per_key), ids)
         take_numbers(conn, IDS, SEGMENT_ROWS)  # segment 0 is full: the next batches' ids start segment 1
     with store.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
         conn.exec_driver_sql("ANALYZE")
@@ -332,3 +334,17 @@ def test_ids_recorded_twice_under_other_parts_are_recorded_once(store: Store) ->
     _check(store, "again", model.batch("again", rows), model)
     with store.engine.connect() as conn:
         assert conn.scalar(sa.select(sa.func.count()).select_from(ledger_ids)) == 1200
+
+
+def test_ids_are_recorded_whole_however_many_each_statement_names(store: Store) -> None:
+    """Each id's hash, row and text as given, under its segment and key, with more ids than one statement names and
+    a last statement of fewer; given again, they are left as they are."""
+    ids = pa.array([f"tx-{i}-{'é' * (i % 3)}" for i in range(1_234)] + ["x" * 80])
+    rows = np.arange(10, 10 + len(ids), dtype=np.int64)
+    hashes = id_hashes(ids)
+    expected = {(3, h, 41, r, t) for h, r, t in zip(hashes.tolist(), rows.tolist(), ids.to_pylist(), strict=True)}
+    for _ in range(2):
+        with writing(store.engine) as conn:
+            insert_ids(conn, 3, 41, hashes, rows, ids)
+        with store.engine.connect() as conn:
+            assert {tuple(r) for r in conn.execute(sa.select(ledger_ids))} == expected

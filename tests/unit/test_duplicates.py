@@ -39,6 +39,17 @@ def test_repeats_within_a_chunk_and_empty_ids() -> None:
     assert len(first) == 3, "empty and absent ids are not ids"
 
 
+def test_each_ids_hash_is_given_as_it_is_looked_up() -> None:
+    """The initiator takes the ledger's hashes from here instead of hashing its first occurrences again."""
+    first = FirstOccurrences()
+    ids = ["a", "", "b", None, "a"]
+    hashes = np.full(len(ids), 7, np.uint64)
+    first.repeat_of(pa.array(ids, pa.string()), np.arange(1, 6, dtype=np.int64), hashes=hashes)
+    expected, _ = FirstOccurrences.hashes(np.array(["a", "b"], dtype=object))
+    assert hashes[[0, 2, 4]].tolist() == [expected[0], expected[1], expected[0]]
+    assert hashes[[1, 3]].tolist() == [7, 7], "an empty or absent id has no hash"
+
+
 def test_hash_parts_must_both_match() -> None:
     first = FirstOccurrences()
     ids = np.array(["x", "y"], dtype=object)
