@@ -140,8 +140,8 @@ def insert_ids(
 
 
 def _sqlite_insert(conn: sa.Connection, segment: int, key: int, values: list[Any]) -> None:
-    """Insert ids into ``segment`` under ``key``, ``values`` holding each id's hash, row and text in turn: many
-    ids per statement, which takes SQLite half the time of a statement per id."""
+    """Insert ids into ``segment`` under ``key``, ``values`` holding each id's hash, row and text in turn: many ids
+    per statement, as most of what SQLite spends on a statement per id goes to the statement."""
     step = len(_COLUMNS_OF_ID) * _SQLITE_STATEMENT_IDS
     statements = (values[at : at + step] for at in range(0, len(values), step))
     for size, same_size in itertools.groupby(statements, key=len):  # all full, but perhaps the last
