@@ -10,6 +10,7 @@ import itertools
 import re
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
@@ -20,6 +21,7 @@ from shared import inbox
 from shared.errors import FileRefused, PoisonMessage
 from shared.protocol import REPEATS_SCHEMA, WorkHeader, decode_work, encode_table
 from shared.rules.batchfile import read_chunks
+from store.ids import id_hashes
 from support.batchfiles import with_raw
 
 HEADER = "transaction_id,account_id,timestamp,product,quantity,region\n"
@@ -67,6 +69,20 @@ def test_items_of_whole_frames_hold_every_row_once_as_the_file_reads(tmp_path: P
     assert rows.drop_columns("repeat_of") == file, "every row once, as read, raw text included"
     assert rows["repeat_of"].to_pylist() == expected_repeats(file), "repeats name their id's first row"
     assert sum(1 for first in rows["repeat_of"].to_pylist() if first) > 10, "the generated file repeats ids"
+
+
+def test_the_filter_is_given_each_first_occurrences_hash_as_the_ledger_records_it(tmp_path: Path) -> None:
+    path = tmp_path / "batch.csv"
+    generate(3_000, path, seed=9, reject_rate=0.05)
+    content = path.read_bytes()
+    blob, frames = inbox.in_memory(io.BytesIO(content), 20_000)
+    debatch = Debatch(work_item_size=700)
+    list(debatch.parts("b", "csv", frames, io.BytesIO(blob)))
+    ids = debatch.ids()
+    firsts = [row for row, first in enumerate(expected_repeats(whole(content, "csv")), start=1) if not first]
+    present = set(ids["row"].to_pylist())
+    assert present <= set(firsts) and len(present) > 2_000, "first occurrences (of ids not empty)"
+    assert debatch.hashes().tolist() == id_hashes(ids["transaction_id"]).view(np.uint64).tolist()
 
 
 def test_a_quoted_line_break_across_frames_keeps_its_record_whole() -> None:
