@@ -111,14 +111,8 @@ def record_ids(conn: sa.Connection, row: dict[str, Any], ids: pa.Table | None) -
     counted = take_numbers(conn, IDS, ids.num_rows)
     if row["id_segment"] is None:
         row["id_segment"] = (counted - 1) // SEGMENT_ROWS
-    insert_ids(
-        conn,
-        row["id_segment"],
-        row["id_key"],
-        id_hashes(ids["transaction_id"]),
-        ids["row"].to_numpy(),
-        ids["transaction_id"],
-    )
+    texts = ids["transaction_id"]
+    insert_ids(conn, row["id_segment"], row["id_key"], id_hashes(texts), ids["row"].to_numpy(), texts)
 
 
 def insert_ids(
@@ -136,17 +130,16 @@ def insert_ids(
             arrays = dict(zip(_COLUMNS_OF_ID, of_ids, strict=True))
             conn.execute(_PG_INSERT, {"segment": segment, "batch_key": key, **arrays})
         else:
-            _sqlite_insert(conn, segment, key, [value for of_id in zip(*of_ids, strict=True) for value in of_id])
+            _sqlite_insert(conn, segment, key, list(zip(*of_ids, strict=True)))
 
 
-def _sqlite_insert(conn: sa.Connection, segment: int, key: int, values: list[Any]) -> None:
-    """Insert ids into ``segment`` under ``key``, ``values`` holding each id's hash, row and text in turn: many ids
-    per statement, as most of what SQLite spends on a statement per id goes to the statement."""
-    step = len(_COLUMNS_OF_ID) * _SQLITE_STATEMENT_IDS
-    statements = (values[at : at + step] for at in range(0, len(values), step))
-    for size, same_size in itertools.groupby(statements, key=len):  # all full, but perhaps the last
-        sql = _sqlite_insert_sql(size // len(_COLUMNS_OF_ID))
-        conn.exec_driver_sql(sql, [(segment, key, *params) for params in same_size])
+def _sqlite_insert(conn: sa.Connection, segment: int, key: int, of_ids: list[tuple[Any, ...]]) -> None:
+    """Insert ids into ``segment`` under ``key``, each given as its hash, row and text: many ids per statement, as
+    most of what SQLite spends on a statement per id goes to the statement."""
+    statements = (of_ids[at : at + _SQLITE_STATEMENT_IDS] for at in range(0, len(of_ids), _SQLITE_STATEMENT_IDS))
+    for ids, same_size in itertools.groupby(statements, key=len):  # all full, but perhaps the last
+        params = [(segment, key, *itertools.chain.from_iterable(statement)) for statement in same_size]
+        conn.exec_driver_sql(_sqlite_insert_sql(ids), params)
 
 
 def _sqlite_insert_sql(ids: int) -> str:

@@ -27,11 +27,16 @@ from support.batchfiles import with_raw
 HEADER = "transaction_id,account_id,timestamp,product,quantity,region\n"
 
 
+def cut_blob(debatch: Debatch, content: bytes, fmt: str, *, frame: int) -> tuple[bytes, list[Cut]]:
+    """``content`` as an inbox blob of frames of about ``frame`` bytes, and ``debatch``'s work items of it."""
+    blob, frames = inbox.in_memory(io.BytesIO(content), frame)
+    return blob, list(debatch.parts("b", fmt, frames, io.BytesIO(blob)))
+
+
 def cut_text(content: bytes, fmt: str, *, frame: int, work_item_size: int) -> tuple[list[Cut], list[pa.Table]]:
     """The work items of ``content`` in frames of about ``frame`` bytes, and each read as a processor reads it."""
-    blob, frames = inbox.in_memory(io.BytesIO(content), frame)
     debatch = Debatch(work_item_size=work_item_size)
-    cuts = list(debatch.parts("b", fmt, frames, io.BytesIO(blob)))
+    blob, cuts = cut_blob(debatch, content, fmt, frame=frame)
     parts = [cut.part for cut in cuts if cut.part is not None]
     read = [
         decode_work(WorkHeader(f"b:{i}", "b", "pb", "tx", cut.rows, part), cut.payload, blob[part.start : part.end])
@@ -75,9 +80,8 @@ def test_the_filter_is_given_each_first_occurrences_hash_as_the_ledger_records_i
     path = tmp_path / "batch.csv"
     generate(3_000, path, seed=9, reject_rate=0.05)
     content = path.read_bytes()
-    blob, frames = inbox.in_memory(io.BytesIO(content), 20_000)
     debatch = Debatch(work_item_size=700)
-    list(debatch.parts("b", "csv", frames, io.BytesIO(blob)))
+    cut_blob(debatch, content, "csv", frame=20_000)
     ids = debatch.ids()
     firsts = [row for row, first in enumerate(expected_repeats(whole(content, "csv")), start=1) if not first]
     present = set(ids["row"].to_pylist())
@@ -137,8 +141,7 @@ def test_a_parquet_file_is_cut_into_items_of_its_rows(tmp_path: Path) -> None:
 
 def test_a_work_item_whose_payload_names_rows_outside_its_part_is_poison() -> None:
     content = (HEADER + "".join(f"t{i},a,x,p,{i},\n" for i in range(2000))).encode()
-    blob, frames = inbox.in_memory(io.BytesIO(content), 4000)
-    cuts = list(Debatch(work_item_size=100).parts("b", "csv", frames, io.BytesIO(blob)))
+    blob, cuts = cut_blob(Debatch(work_item_size=100), content, "csv", frame=4000)
     part = cuts[1].part
     assert part is not None
     text = blob[part.start : part.end]
