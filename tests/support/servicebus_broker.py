@@ -124,7 +124,8 @@ class ServiceBusTestBroker:
         self._command(f"busy {count}")
 
     def stats(self) -> dict[str, Any]:
-        """Counters: ``sends`` (transfers to the topic incl. refused), ``busy_answers``,
+        """Counters: ``connections`` and ``links`` opened by clients, ``sends`` (transfers to the topic incl.
+        refused), ``busy_answers``,
         ``routed`` messages, ``settled`` by disposition, ``queued`` per subscription, ``tokens``."""
         return dict(json.loads(self._command("stats")))
 
@@ -240,6 +241,7 @@ def _make_handler(topic: str, subscriptions: list[str]) -> Any:
             sasl = event.transport.sasl()
             sasl.allowed_mechs("ANONYMOUS PLAIN")
             event.connection.broker_id = next(self.conn_ids)
+            self.counters["connections"] += 1
 
         def on_transport_closed(self, event: Any) -> None:
             conn = event.connection
@@ -254,6 +256,7 @@ def _make_handler(topic: str, subscriptions: list[str]) -> Any:
         # -- links ---------------------------------------------------------------------------
         def on_link_remote_open(self, event: Any) -> None:
             link = event.link
+            self.counters["links"] += 1
             link.source.copy(link.remote_source)
             link.target.copy(link.remote_target)
             link.snd_settle_mode = link.remote_snd_settle_mode
