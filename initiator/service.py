@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import functools
 import io
 import itertools
 import logging
@@ -35,6 +36,7 @@ from shared.protocol import (
     ids_envelope,
     manifest_envelope,
     parse_request,
+    warm_up,
     work_envelope,
 )
 from shared.refstore import PRICEBOOK, TAXES, ReferenceStore
@@ -92,6 +94,7 @@ class Initiator(Service):
         self.references = ReferenceStore(storage, container=settings.reference_container)
         self.ledger = SharedFilter(storage, container=settings.work_container, bits=settings.ledger_filter_bits)
         self.repeat(None, self.ledger.load)  # read once as it starts, not when the first batch waits for it
+        self.repeat(None, functools.partial(asyncio.to_thread, warm_up))  # the same for Arrow's imports
         self._sends = asyncio.Semaphore(settings.max_concurrent_sends)
         # Files are cut on one thread of their own: allocations spread over many threads keep a malloc
         # arena of freed memory each, which kept the peak RSS far higher.
@@ -249,10 +252,11 @@ class Initiator(Service):
             await self.announce({queue: (1, header.rows)})
 
     async def _send_ids(self, part: IdsPart) -> None:
-        """Send a batch's ids part to the controller."""
+        """Send a batch's ids part to the controller (encoded in a thread: the work items keep going out)."""
         try:
             blob_name = batch_blob(part.batch_id, "ids", str(part.part))
-            await self.claim_check.send(self.settings.results_queue, ids_envelope(part), blob_name=blob_name)
+            envelope = await asyncio.to_thread(ids_envelope, part)
+            await self.claim_check.send(self.settings.results_queue, envelope, blob_name=blob_name)
         finally:
             self._sends.release()
 

@@ -22,7 +22,7 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-PRELOAD = ["processor.jobs"]  # what the fork server imports once, for every worker forked from it
+PRELOAD = ["processor.jobs", "processor.warm"]  # what the fork server imports once, for every worker forked from it
 
 
 class RatingPool:

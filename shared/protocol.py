@@ -10,6 +10,7 @@ from __future__ import annotations
 import io
 import logging
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -37,13 +38,24 @@ T = TypeVar("T")
 _log = logging.getLogger(__name__)
 
 
-def encode_table(table: pa.Table) -> bytes:
-    """Serialise a table densely: Parquet, dictionary-encoded columns, zstd (denser than Arrow IPC,
-    so more transactions fit a 64 KiB queue message)."""
+def encode_table(table: pa.Table, *, dictionary: Sequence[str] | None = None) -> bytes:
+    """Serialise a table densely: Parquet, zstd, the text columns worth it dictionary-encoded (denser than Arrow
+    IPC, so more transactions fit a 64 KiB queue message). ``dictionary`` names those columns where the caller
+    knows them (distinct ids need none); otherwise they are counted."""
     sink = pa.BufferOutputStream()
-    pq.write_table(table, sink, compression="zstd", compression_level=3, use_dictionary=_repetitive(table))
+    columns = _repetitive(table) if dictionary is None else list(dictionary)
+    pq.write_table(table, sink, compression="zstd", compression_level=3, use_dictionary=columns)
     encoded: bytes = sink.getvalue().to_pybytes()
     return encoded
+
+
+def warm_up() -> None:
+    """Make now the imports Arrow makes on first use: pandas, at its first conversion from Python objects or NumPy
+    arrays, and Acero with the dataset modules, at its first grouping. A process that builds tables for each message
+    calls this as it starts, so that its first message does not wait for them."""
+    import pyarrow.acero  # noqa: F401  (here: a command that only reads messages needs none of it)
+
+    pa.array([0])
 
 
 def _repetitive(table: pa.Table) -> list[str]:
@@ -311,7 +323,7 @@ def work_items_named(kind: str, headers: dict[str, Any]) -> list[tuple[str, str]
 def manifest_envelope(manifest: Manifest) -> Envelope:
     """A manifest; its ids (when it has them) are the payload."""
     headers = {name: value for name, value in manifest.__dict__.items() if name != "ids"}
-    payload = b"" if manifest.ids is None else encode_table(manifest.ids)
+    payload = b"" if manifest.ids is None else encode_table(manifest.ids, dictionary=())
     return Envelope(MANIFEST, _with_times(headers, Manifest.TIMES), payload)
 
 
@@ -326,7 +338,7 @@ def parse_manifest(envelope: Envelope) -> Manifest:
 
 def ids_envelope(part: IdsPart) -> Envelope:
     """An ids part; its ids are the payload."""
-    return Envelope(IDS, {"batch_id": part.batch_id, "part": part.part}, encode_table(part.ids))
+    return Envelope(IDS, {"batch_id": part.batch_id, "part": part.part}, encode_table(part.ids, dictionary=()))
 
 
 def parse_ids(envelope: Envelope) -> IdsPart:

@@ -84,7 +84,7 @@ def id_hashes(ids: pa.Array | pa.ChunkedArray) -> np.ndarray:
     time, so that only so many Python strings exist at once."""
     parts = [np.empty(0, np.uint64)]
     for start in range(0, len(ids), _INSERT_ROWS):
-        parts.append(FirstOccurrences.hashes(ids[start : start + _INSERT_ROWS].to_numpy(zero_copy_only=False))[0])
+        parts.append(FirstOccurrences.hash64(ids[start : start + _INSERT_ROWS].to_numpy(zero_copy_only=False)))
     return np.concatenate(parts).view(np.int64)
 
 

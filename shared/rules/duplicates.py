@@ -56,10 +56,12 @@ class FirstOccurrences:
     @staticmethod
     def hashes(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The 64-bit and the 32-bit part of each id's hash (``ids``: an object array of str)."""
-        import pandas as pd  # here: the store imports this module, and most commands reading it need no pandas
+        return FirstOccurrences.hash64(ids), (_siphash(ids, _HASH_KEYS[1]) >> np.uint64(32)).astype(np.uint32)
 
-        first, second = (pd.util.hash_array(ids, hash_key=key, categorize=False) for key in _HASH_KEYS)
-        return first, (second >> np.uint64(32)).astype(np.uint32)
+    @staticmethod
+    def hash64(ids: np.ndarray) -> np.ndarray:
+        """The 64-bit part of each id's hash (the first of :meth:`hashes`), what the ledger keeps of an id."""
+        return _siphash(ids, _HASH_KEYS[0])
 
     def repeat_of(self, ids: pa.Array, rows: np.ndarray, *, hashes: np.ndarray | None = None) -> np.ndarray:
         """For the next rows of the file (``ids`` stripped, their 1-based ``rows`` ascending), the row of
@@ -181,3 +183,11 @@ def keep_first(
     free = np.isin(repeat_of[earliest], rejected) | (rows[earliest] == repeat_of[earliest])
     kept[earliest] = free if taken is None else free & ~taken[earliest]
     return kept
+
+
+def _siphash(ids: np.ndarray, key: str) -> np.ndarray:
+    """Each id's keyed SipHash (uint64)."""
+    import pandas as pd  # here: the store imports this module, and most commands reading it need no pandas
+
+    hashed: np.ndarray = pd.util.hash_array(ids, hash_key=key, categorize=False)
+    return hashed

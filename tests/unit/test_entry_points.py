@@ -5,16 +5,34 @@ library, never the controller role's service module; the rating workers' fork se
 from __future__ import annotations
 
 import ast
+import base64
 import json
+import pickle
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 
+from billing.sample import generate, sample_price_book_bytes, sample_tax_table_bytes
 from processor.pool import PRELOAD
+from shared import inbox
+from shared.protocol import (
+    IDS_SCHEMA,
+    REPEATS_SCHEMA,
+    IdsPart,
+    WorkHeader,
+    encode_table,
+    ids_envelope,
+    manifest_envelope,
+    results_envelope,
+)
 from shared.roles import BUILDERS, ROLES
 from support.modules import loaded_of
+from support.records import manifest, partial, result
+from support.references import sample_files
 
 ROOT = Path(__file__).resolve().parents[2]
 #: The packages a role process may load: never ``billing``.
@@ -106,3 +124,92 @@ def test_the_rating_workers_preload_no_storage_client_or_settings() -> None:
     heavy = ("azure.storage", "aiohttp", "pydantic", "shared.settings", "shared.messaging.storage")
     assert loaded_of(loaded, heavy) == []
     assert "shared.rules.rating" in loaded
+
+
+def test_the_controllers_first_apply_imports_nothing_once_it_preloaded(tmp_path: Path) -> None:
+    """Once the controller has warmed up (``shared.protocol.warm_up``), recording a batch whole (its manifest,
+    an ids part, its results) imports no module: its first results do not wait on the SQL thread for an import.
+    The messages are decoded from their bytes as the controller gets them (the test builds them here, in another
+    process: a table built from Python objects imports pandas)."""
+    ids = pa.table({"row": [1, 2], "transaction_id": ["t-1", "t-2"]}, schema=IDS_SCHEMA)
+    envelopes = [
+        manifest_envelope(replace(manifest("b1", rows=2), id_parts=1)),
+        ids_envelope(IdsPart("b1", 0, ids)),
+        results_envelope([result("b1:0", partial(transactions=2))]),
+    ]
+    messages = tmp_path / "messages.json"
+    messages.write_text(json.dumps([[e.kind, e.headers, base64.b64encode(e.payload).decode()] for e in envelopes]))
+    probe = f"""
+import base64, json, sys
+from shared.protocol import warm_up
+from shared.messaging.envelope import Envelope
+from shared.protocol import parse_ids, parse_manifest, parse_results
+from store import Store
+warm_up()
+store = Store("sqlite:///{tmp_path / "store.db"}")
+sent = json.loads(open({str(messages)!r}).read())
+manifest, part, results = (Envelope(kind, headers, base64.b64decode(payload)) for kind, headers, payload in sent)
+before = set(sys.modules)
+outcome = store.apply([parse_manifest(manifest)], parse_results(results), ids=[parse_ids(part)])
+print(json.dumps([outcome.completed_batches, sorted(set(sys.modules) - before)]))
+"""
+    probed = _python("-c", probe)
+    assert probed.returncode == 0, probed.stderr
+    assert json.loads(probed.stdout.splitlines()[-1]) == [["b1"], []]
+
+
+def test_a_rating_workers_first_work_item_imports_nothing_the_fork_server_did_not(tmp_path: Path) -> None:
+    """After what the fork server preloads, rating a work item (its part of a messy CSV file read, validated, rated
+    against a price book read for it, its results encoded) imports nothing: a worker's first item does not wait
+    for an import."""
+    batch = tmp_path / "batch.csv"
+    generate(200, batch, messy=True, reject_rate=0.1)
+    data = batch.read_bytes()
+    part = inbox.Part("b1/batch.csv", "csv", 0, len(data), len(data), "", 0, 0)
+    header = WorkHeader("b1:0", "b1", pricebook_hash="pb", taxes_hash="tx", rows=200, part=part)
+    references = {"pb": sample_price_book_bytes(), "tx": sample_tax_table_bytes()}
+    job = tmp_path / "job.pickle"
+    job.write_bytes(
+        pickle.dumps(([(header, encode_table(REPEATS_SCHEMA.empty_table()), inbox.compress(data))], references, [{}]))
+    )
+    imports = "; ".join(f"import {module}" for module in PRELOAD)
+    probe = f"""
+import json, pickle, sys; {imports}
+from processor.jobs import rate_work_items
+items, references, traces = pickle.loads(open({str(job)!r}, "rb").read())
+before = set(sys.modules)
+envelope, poisoned = rate_work_items(items, references, traces)
+print(json.dumps([envelope.kind, poisoned, sorted(set(sys.modules) - before)]))
+"""
+    probed = _python("-c", probe)
+    assert probed.returncode == 0, probed.stderr
+    assert json.loads(probed.stdout.splitlines()[-1]) == ["results", {}, []]
+
+
+def test_an_initiators_first_batch_imports_nothing_once_it_warmed_up(tmp_path: Path) -> None:
+    """Once the initiator has warmed up (``shared.protocol.warm_up``), its first batch (the references read, the
+    messy CSV file cut with its repeats and ids, an ids part encoded) imports nothing while the submitter waits."""
+    batch = tmp_path / "batch.csv"
+    generate(500, batch, messy=True)
+    sample_files(tmp_path)
+    probe = f"""
+import io, json, sys
+from initiator.debatch import Debatch
+from shared import inbox
+from shared.protocol import IdsPart, ids_envelope, warm_up
+from shared.rules.idfilter import IdFilter
+from shared.rules.reference import load_price_book, load_tax_table
+warm_up()
+with open({str(batch)!r}, "rb") as file:
+    data, frames = inbox.in_memory(file, 4096)
+before = set(sys.modules)
+load_price_book(open({str(tmp_path / "pricebook.csv")!r}, "rb").read())
+load_tax_table(open({str(tmp_path / "taxes.csv")!r}, "rb").read())
+debatch = Debatch(work_item_size=100, ledger=IdFilter(1 << 10))
+cuts = list(debatch.parts("b1/batch.csv", "csv", frames, io.BytesIO(data)))
+ids_envelope(IdsPart("b1", 0, debatch.ids()))
+print(json.dumps([sum(cut.rows for cut in cuts), sorted(set(sys.modules) - before)]))
+"""
+    probed = _python("-c", probe)
+    assert probed.returncode == 0, probed.stderr
+    assert json.loads(probed.stdout.splitlines()[-1]) == [500, []]
