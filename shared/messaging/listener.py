@@ -507,13 +507,14 @@ class QueueListener:
                 if batch:
                     await self._handle(batch, received)
         except ConfigurationError as exc:
+            # Not their fault: none is poisoned or lost. They stay held until run() hands them back, once no
+            # receive is in flight (one that ended after the hand-back would take them again).
             self._fail(exc)
-            await self._leases.hand_back(messages)  # not their fault: none is poisoned or lost
             return
         except Exception:
             self._stats.failed_batches += 1
             log.exception("could not finish %d messages from %s; they will be redelivered", len(messages), self.name)
-        # Done with them (a cancellation skips this: run() hands them back).
+        # Done with them (a cancellation skips this too: run() hands them back).
         await self._leases.release(messages)
 
     async def _handle(self, batch: list[QueueMessage], received: Tally) -> None:

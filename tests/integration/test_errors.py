@@ -118,6 +118,32 @@ async def test_a_configuration_error_in_the_handler_stops_the_listener_and_hands
     assert [(m.content, m.dequeue_count) for m in again] == [("needs the right settings", 2)]
     poison = storage.queue(poison_queue_name(settings_env.requests_queue))
     assert await poison.peek_messages(max_messages=32) == []
+
+
+async def test_a_configuration_error_hands_the_batch_back_once_nothing_is_received_any_more(
+    storage: Storage, settings_env: Settings
+) -> None:
+    """The task that received the batch already receives the next while the handler works (``prefetch``). A
+    batch handed back before that receive ends would be received again, its delivery counted twice: it goes
+    back when the listener has stopped receiving. The receive after the first is slowed to end after the error."""
+    queue = storage.queue(settings_env.requests_queue)
+    await queue.send_message("needs the right settings")
+    listener = listener_on(storage, settings_env, _refuse, burst=False, visibility_timeout=600)
+    receive, receives = listener._receive, 0
+
+    async def late_after_the_first(count: int) -> list[QueueMessage]:
+        nonlocal receives
+        receives += 1
+        if receives > 1:
+            await asyncio.sleep(1.0)  # the handler has met the error by now
+        return await receive(count)
+
+    listener._receive = late_after_the_first  # type: ignore[method-assign]
+    with pytest.raises(ConfigurationError, match="may not read"):
+        await asyncio.wait_for(listener.run(), timeout=15)
+    assert receives == 2, "a second receive was in flight when the handler met the error"
+    again = [m async for m in queue.receive_messages(max_messages=32)]
+    assert [(m.content, m.dequeue_count) for m in again] == [("needs the right settings", 2)]
     state = listener.state()
     assert (state.processed, state.poisoned, state.active_tasks) == (0, 0, 0)
 
