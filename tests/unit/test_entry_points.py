@@ -12,6 +12,7 @@ import subprocess
 import sys
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pytest
@@ -56,6 +57,13 @@ print(json.dumps(sorted(name for name in sys.modules if name == "billing" or nam
 
 def _python(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=120, cwd=ROOT, check=False)
+
+
+def _printed(code: str) -> Any:
+    """What ``code``, run in a fresh interpreter, printed last (JSON)."""
+    probed = _python("-c", code)
+    assert probed.returncode == 0, probed.stderr
+    return json.loads(probed.stdout.splitlines()[-1])
 
 
 @pytest.mark.parametrize("role", ROLES)
@@ -118,19 +126,17 @@ def test_the_rating_workers_preload_no_storage_client_or_settings() -> None:
     never sent or fetched, so the storage SDK, its HTTP client and the settings stay out of it."""
     imports = "; ".join(f"import {module}" for module in PRELOAD)
     probe = f"import json, sys; {imports}; print(json.dumps(sorted(sys.modules)))"
-    probed = _python("-c", probe)
-    assert probed.returncode == 0, probed.stderr
-    loaded = json.loads(probed.stdout.splitlines()[-1])
+    loaded = _printed(probe)
     heavy = ("azure.storage", "aiohttp", "pydantic", "shared.settings", "shared.messaging.storage")
     assert loaded_of(loaded, heavy) == []
     assert "shared.rules.rating" in loaded
 
 
-def test_the_controllers_first_apply_imports_nothing_once_it_preloaded(tmp_path: Path) -> None:
+def test_the_controllers_first_apply_imports_nothing_once_it_warmed_up(tmp_path: Path) -> None:
     """Once the controller has warmed up (``shared.protocol.warm_up``), recording a batch whole (its manifest,
     an ids part, its results) imports no module: its first results do not wait on the SQL thread for an import.
-    The messages are decoded from their bytes as the controller gets them (the test builds them here, in another
-    process: a table built from Python objects imports pandas)."""
+    The messages are decoded from their bytes, as the controller gets them; the test builds them in its own process
+    (building a table from Python objects imports pandas)."""
     ids = pa.table({"row": [1, 2], "transaction_id": ["t-1", "t-2"]}, schema=IDS_SCHEMA)
     envelopes = [
         manifest_envelope(replace(manifest("b1", rows=2), id_parts=1)),
@@ -141,9 +147,8 @@ def test_the_controllers_first_apply_imports_nothing_once_it_preloaded(tmp_path:
     messages.write_text(json.dumps([[e.kind, e.headers, base64.b64encode(e.payload).decode()] for e in envelopes]))
     probe = f"""
 import base64, json, sys
-from shared.protocol import warm_up
 from shared.messaging.envelope import Envelope
-from shared.protocol import parse_ids, parse_manifest, parse_results
+from shared.protocol import parse_ids, parse_manifest, parse_results, warm_up
 from store import Store
 warm_up()
 store = Store("sqlite:///{tmp_path / "store.db"}")
@@ -153,9 +158,7 @@ before = set(sys.modules)
 outcome = store.apply([parse_manifest(manifest)], parse_results(results), ids=[parse_ids(part)])
 print(json.dumps([outcome.completed_batches, sorted(set(sys.modules) - before)]))
 """
-    probed = _python("-c", probe)
-    assert probed.returncode == 0, probed.stderr
-    assert json.loads(probed.stdout.splitlines()[-1]) == [["b1"], []]
+    assert _printed(probe) == [["b1"], []]
 
 
 def test_a_rating_workers_first_work_item_imports_nothing_the_fork_server_did_not(tmp_path: Path) -> None:
@@ -181,9 +184,7 @@ before = set(sys.modules)
 envelope, poisoned = rate_work_items(items, references, traces)
 print(json.dumps([envelope.kind, poisoned, sorted(set(sys.modules) - before)]))
 """
-    probed = _python("-c", probe)
-    assert probed.returncode == 0, probed.stderr
-    assert json.loads(probed.stdout.splitlines()[-1]) == ["results", {}, []]
+    assert _printed(probe) == ["results", {}, []]
 
 
 def test_an_initiators_first_batch_imports_nothing_once_it_warmed_up(tmp_path: Path) -> None:
@@ -210,6 +211,4 @@ cuts = list(debatch.parts("b1/batch.csv", "csv", frames, io.BytesIO(data)))
 ids_envelope(IdsPart("b1", 0, debatch.ids()))
 print(json.dumps([sum(cut.rows for cut in cuts), sorted(set(sys.modules) - before)]))
 """
-    probed = _python("-c", probe)
-    assert probed.returncode == 0, probed.stderr
-    assert json.loads(probed.stdout.splitlines()[-1]) == [500, []]
+    assert _printed(probe) == [500, []]
