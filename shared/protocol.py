@@ -323,7 +323,7 @@ def work_items_named(kind: str, headers: dict[str, Any]) -> list[tuple[str, str]
 def manifest_envelope(manifest: Manifest) -> Envelope:
     """A manifest; its ids (when it has them) are the payload."""
     headers = {name: value for name, value in manifest.__dict__.items() if name != "ids"}
-    payload = b"" if manifest.ids is None else encode_table(manifest.ids, dictionary=())
+    payload = b"" if manifest.ids is None else _encode_ids(manifest.ids)
     return Envelope(MANIFEST, _with_times(headers, Manifest.TIMES), payload)
 
 
@@ -338,7 +338,12 @@ def parse_manifest(envelope: Envelope) -> Manifest:
 
 def ids_envelope(part: IdsPart) -> Envelope:
     """An ids part; its ids are the payload."""
-    return Envelope(IDS, {"batch_id": part.batch_id, "part": part.part}, encode_table(part.ids, dictionary=()))
+    return Envelope(IDS, {"batch_id": part.batch_id, "part": part.part}, _encode_ids(part.ids))
+
+
+def _encode_ids(ids: pa.Table) -> bytes:
+    """Ids (``IDS_SCHEMA``) encoded: first occurrences, distinct, so no column is worth a dictionary (none counted)."""
+    return encode_table(ids, dictionary=())
 
 
 def parse_ids(envelope: Envelope) -> IdsPart:

@@ -33,6 +33,7 @@ from shared.errors import (
 )
 from shared.messaging.backoff import patiently
 from shared.messaging.envelope import ClaimCheck
+from shared.messaging.listener import QueueListener
 from shared.messaging.poison import PoisonQueue, poison_queue_name
 from shared.messaging.service import Service
 from shared.messaging.storage import Storage
@@ -105,19 +106,31 @@ async def _refuse(messages: list[QueueMessage]) -> Mapping[str, str]:
     raise ConfigurationError(REFUSED)
 
 
+async def _refusing(storage: Storage, settings: Settings) -> QueueListener:
+    """A listener whose handler refuses with a configuration error, and one message for it. Not burst: only the
+    error can end its run. A long lease: only a hand-back makes the message visible soon."""
+    await storage.queue(settings.requests_queue).send_message("needs the right settings")
+    return listener_on(storage, settings, _refuse, burst=False, visibility_timeout=600)
+
+
+async def _stopped(listener: QueueListener, storage: Storage, settings: Settings) -> list[tuple[str, int | None]]:
+    """Run ``listener`` until the configuration error stops it; then each message visible again, with its count of
+    deliveries."""
+    with pytest.raises(ConfigurationError, match="may not read"):
+        await asyncio.wait_for(listener.run(), timeout=15)
+    again = storage.queue(settings.requests_queue).receive_messages(max_messages=32)
+    return [(m.content, m.dequeue_count) async for m in again]
+
+
 async def test_a_configuration_error_in_the_handler_stops_the_listener_and_hands_the_message_back(
     storage: Storage, settings_env: Settings
 ) -> None:
-    queue = storage.queue(settings_env.requests_queue)
-    await queue.send_message("needs the right settings")
-    # Not burst: only the error can end the run. A long lease: only a hand-back makes it visible soon.
-    listener = listener_on(storage, settings_env, _refuse, burst=False, visibility_timeout=600)
-    with pytest.raises(ConfigurationError, match="may not read"):
-        await asyncio.wait_for(listener.run(), timeout=15)
-    again = [m async for m in queue.receive_messages(max_messages=32)]
-    assert [(m.content, m.dequeue_count) for m in again] == [("needs the right settings", 2)]
+    listener = await _refusing(storage, settings_env)
+    assert await _stopped(listener, storage, settings_env) == [("needs the right settings", 2)]
     poison = storage.queue(poison_queue_name(settings_env.requests_queue))
     assert await poison.peek_messages(max_messages=32) == []
+    state = listener.state()
+    assert (state.processed, state.poisoned, state.active_tasks) == (0, 0, 0)
 
 
 async def test_a_configuration_error_hands_the_batch_back_once_nothing_is_received_any_more(
@@ -126,9 +139,7 @@ async def test_a_configuration_error_hands_the_batch_back_once_nothing_is_receiv
     """The task that received the batch already receives the next while the handler works (``prefetch``). A
     batch handed back before that receive ends would be received again, its delivery counted twice: it goes
     back when the listener has stopped receiving. The receive after the first is slowed to end after the error."""
-    queue = storage.queue(settings_env.requests_queue)
-    await queue.send_message("needs the right settings")
-    listener = listener_on(storage, settings_env, _refuse, burst=False, visibility_timeout=600)
+    listener = await _refusing(storage, settings_env)
     receive, receives = listener._receive, 0
 
     async def late_after_the_first(count: int) -> list[QueueMessage]:
@@ -139,13 +150,8 @@ async def test_a_configuration_error_hands_the_batch_back_once_nothing_is_receiv
         return await receive(count)
 
     listener._receive = late_after_the_first  # type: ignore[method-assign]
-    with pytest.raises(ConfigurationError, match="may not read"):
-        await asyncio.wait_for(listener.run(), timeout=15)
+    assert await _stopped(listener, storage, settings_env) == [("needs the right settings", 2)]
     assert receives == 2, "a second receive was in flight when the handler met the error"
-    again = [m async for m in queue.receive_messages(max_messages=32)]
-    assert [(m.content, m.dequeue_count) for m in again] == [("needs the right settings", 2)]
-    state = listener.state()
-    assert (state.processed, state.poisoned, state.active_tasks) == (0, 0, 0)
 
 
 async def test_other_errors_in_the_handler_keep_the_listener_going(storage: Storage, settings_env: Settings) -> None:
