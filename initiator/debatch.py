@@ -34,7 +34,7 @@ from shared import inbox
 from shared.errors import FileRefused
 from shared.inbox import Frame, Part
 from shared.protocol import IDS_SCHEMA, REPEATS_SCHEMA, encode_table
-from shared.rules.batchfile import read_chunks
+from shared.rules.batchfile import line_count, read_chunks
 from shared.rules.duplicates import FirstOccurrences
 from shared.rules.idfilter import IdFilter
 
@@ -111,10 +111,10 @@ class Debatch:
                 raise
             if fmt == "csv" and not lines:
                 head = _csv_head(text)
-            item = item or _Item(start, self.rows, lines - _line_count(start))
+            item = item or _Item(start, self.rows, lines - line_count(start))
             item.add([frame for frame, _ in pending], rows, repeats)
             self.rows += rows
-            lines += _line_count(text)
+            lines += line_count(text)
             pending = []
             tail = len(frames) - number < full  # within the last frames: items of a quarter
             if item.rows >= self._work_item_size // (4 if tail else 1) or last:
@@ -127,7 +127,7 @@ class Debatch:
         """Read a part (``head`` put before it, ``lines`` of the file before it): its rows, and those that
         repeat an id (``REPEATS_SCHEMA``). The ids are remembered only once the whole part is read."""
         chunks = list(
-            read_chunks(io.BytesIO(head + text), fmt, rows_before=self.rows, lines_before=lines - _line_count(head))
+            read_chunks(io.BytesIO(head + text), fmt, rows_before=self.rows, lines_before=lines - line_count(head))
         )
         repeats = []
         for chunk in chunks:
@@ -204,9 +204,3 @@ def _csv_head(text: bytes) -> bytes:
     reader = csv.reader(io.StringIO(body.decode(), newline=""), strict=True)
     next(cells for cells in reader if cells)
     return b"".join(body.splitlines(keepends=True)[: reader.line_num])
-
-
-def _line_count(text: bytes) -> int:
-    """Physical lines ended in ``text``, as csv counts them (``\\n``, ``\\r\\n`` or ``\\r``)."""
-    lines = text.count(b"\n")
-    return lines + text.count(b"\r") - text.count(b"\r\n") if b"\r" in text else lines

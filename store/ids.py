@@ -52,6 +52,7 @@ _INSERT_ROWS = 100_000
 #: Rows of one batch named per statement that reads its segment (each such statement scans the segment).
 _SCAN_ROWS = 30_000
 _COLUMNS = "segment, id_hash, batch_key, row, transaction_id"
+_ID_VALUES = 5  # the columns above
 #: What each id brings to an insert (the segment and the batch's key are the insert's).
 _COLUMNS_OF_ID = ("id_hash", "row", "transaction_id")
 #: Ids named per SQLite insert statement.
@@ -130,23 +131,30 @@ def insert_ids(
             arrays = dict(zip(_COLUMNS_OF_ID, of_ids, strict=True))
             conn.execute(_PG_INSERT, {"segment": segment, "batch_key": key, **arrays})
         else:
-            _sqlite_insert(conn, segment, key, list(zip(*of_ids, strict=True)))
+            _sqlite_insert(conn, segment, key, *of_ids)
 
 
-def _sqlite_insert(conn: sa.Connection, segment: int, key: int, of_ids: list[tuple[Any, ...]]) -> None:
+def _sqlite_insert(
+    conn: sa.Connection, segment: int, key: int, hashes: list[int], rows: list[int], ids: list[str]
+) -> None:
     """Insert ids into ``segment`` under ``key``, each given as its hash, row and text: many ids per statement, as
-    most of what SQLite spends on a statement per id goes to the statement."""
-    statements = (of_ids[at : at + _SQLITE_STATEMENT_IDS] for at in range(0, len(of_ids), _SQLITE_STATEMENT_IDS))
-    for ids, same_size in itertools.groupby(statements, key=len):  # all full, but perhaps the last
-        params = [(segment, key, *itertools.chain.from_iterable(statement)) for statement in same_size]
-        conn.exec_driver_sql(_sqlite_insert_sql(ids), params)
+    most of what SQLite spends on a statement per id goes to the statement. Every value has a plain ``?`` (a
+    numbered placeholder costs a look-up per value, and on some Python versions a warning)."""
+    values = list(
+        itertools.chain.from_iterable(zip(itertools.repeat(segment), hashes, itertools.repeat(key), rows, ids))
+    )
+    width = _SQLITE_STATEMENT_IDS * _ID_VALUES
+    cut = len(values) - len(values) % width
+    if cut:
+        statements = [tuple(values[at : at + width]) for at in range(0, cut, width)]
+        conn.exec_driver_sql(_sqlite_insert_sql(_SQLITE_STATEMENT_IDS), statements)
+    if cut < len(values):
+        conn.exec_driver_sql(_sqlite_insert_sql((len(values) - cut) // _ID_VALUES), tuple(values[cut:]))
 
 
 def _sqlite_insert_sql(ids: int) -> str:
-    """An insert of ``ids`` ids: ``?1`` is the segment, ``?2`` the batch's key, then each id's hash, row and text."""
-    width = len(_COLUMNS_OF_ID)
-    values = ", ".join(f"(?1, ?{3 + width * i}, ?2, ?{4 + width * i}, ?{5 + width * i})" for i in range(ids))
-    return f"INSERT OR IGNORE INTO ledger_ids ({_COLUMNS}) VALUES {values}"
+    """An insert of ``ids`` ids (``_COLUMNS`` each)."""
+    return f"INSERT OR IGNORE INTO ledger_ids ({_COLUMNS}) VALUES " + ", ".join(["(?, ?, ?, ?, ?)"] * ids)
 
 
 def waiting_batches(conn: sa.Connection) -> list[str]:

@@ -13,9 +13,9 @@ Format decisions:
   Strictly empty lines are not rows; cells beyond the header are ignored; a short row's absent
   cells are null. Python's ``csv`` module in strict mode decides what malformed quoting is (a stray
   quote inside an unquoted field, ``a,b"c``, is accepted as a literal quote, as that module does);
-  runs of lines with no quote and no carriage return are parsed by pyarrow where that gives exactly
-  the same rows, the rest by that module. A file is refused for its first problem in file order
-  (an invalid UTF-8 byte: naming its line).
+  pyarrow parses every run of whole records where it gives exactly the same rows (quoted fields
+  included: :func:`_quoting`), that module the rest. A file is refused for its first problem in file
+  order (an invalid UTF-8 byte: naming its line).
 * JSON Lines: there is no header, so an absent required key is just a missing field of that row.
   A JSON number keeps its literal text (``1.50`` stays ``"1.50"``, ``1e3`` stays ``"1e3"``). A
   boolean, array, object or non-standard constant (``NaN``) is present but invalid: it is stored as
@@ -67,7 +67,7 @@ INVALID_SENTINEL = "\x00"
 
 _EXTENSIONS = {".csv": "csv", ".jsonl": "jsonl", ".ndjson": "jsonl", ".parquet": "parquet"}
 _CSV_BATCH_ROWS = 8192  # records csv reads at a time
-_CSV_PARSE = pacsv.ParseOptions(quote_char=False, ignore_empty_lines=True)
+_CSV_PARSE = pacsv.ParseOptions(newlines_in_values=True, ignore_empty_lines=True)
 _CSV_CONVERT = {"null_values": [], "strings_can_be_null": False, "check_utf8": False}  # decoded already
 
 
@@ -136,9 +136,9 @@ class _BadByte(Exception):
 
 
 class _CsvReader:
-    """The data rows of one CSV file as chunks: runs of whole lines without quote or carriage return parsed
-    by pyarrow (C++) where that gives exactly what Python's csv module gives, the rest by that module, with
-    the same rows, raw text and refusals either way; ``fast=False``: the csv module alone."""
+    """The data rows of one CSV file as chunks: runs of whole records parsed by pyarrow (C++) where that gives
+    exactly what Python's csv module gives, the rest by that module, with the same rows, raw text and refusals
+    either way; ``fast=False``: the csv module alone."""
 
     def __init__(
         self,
@@ -188,17 +188,18 @@ class _CsvReader:
             yield from self._python(reader, 0, None)
         else:
             self._text.sync()
-            while (run := self._text.plain_run()) is not None:
-                if not run:  # a quote or carriage return ahead: csv takes the lines until pyarrow can again
+            while (run := self._text.fast_run()) is not None:
+                if not run:  # csv takes the records until pyarrow can read on
                     line = self._text.line()
                     quoted = csv.reader(self._text.lines(), strict=True)
-                    yield from self._python(quoted, line, self._text.quoted_lines)
+                    yield from self._python(quoted, line, self._text.csv_quota)
                     self._text.sync()
                 elif (table := self._parsed(run)) is not None:
                     yield from self._emit(table)
                 else:  # ragged rows, a row too long...: csv decides, as it would have
-                    line = self._text.line() - _line_count(run)
-                    yield from self._python(csv.reader(io.StringIO(run, newline=""), strict=True), line, None)
+                    line = self._text.line() - line_count(run)
+                    text = io.StringIO(run.decode(), newline="")
+                    yield from self._python(csv.reader(text, strict=True), line, None)
         if self._pending:
             yield _concat(self._pending)
 
@@ -250,11 +251,10 @@ class _CsvReader:
             )
         return self._table(arrays)
 
-    def _parsed(self, run: str) -> pa.Table | None:
-        """The rows of a run of lines with no quote and no carriage return, parsed by pyarrow; None
-        unless they are exactly what csv would read without error: every row as wide as the header
-        (or empty) and no row's cells longer than the limit together."""
-        data = run.encode()
+    def _parsed(self, data: bytes) -> pa.Table | None:
+        """The rows of a run of whole records that pyarrow reads as csv does (:func:`_quoting`); None unless they
+        are exactly what csv would read without error: every row as wide as the header (or empty) and no row's
+        cells longer than the limit together."""
         if data.startswith(codecs.BOM_UTF8):  # pyarrow would drop it; an empty line first keeps it
             data = b"\n" + data
         read = pacsv.ReadOptions(
@@ -290,25 +290,25 @@ class _CsvReader:
 
 
 class _CsvText:
-    """A CSV byte stream decoded block by block (whole lines each), and a position in the current block.
+    """A CSV byte stream block by block (whole lines each, checked to be UTF-8), and a position in the current
+    block at the start of a record. Pyarrow reads the runs of records that it reads exactly as Python's csv module
+    does (:func:`_quoting`); csv reads the records where it might not, and records that go on into the next block.
 
     A block that is not UTF-8 raises :class:`_BadByte` naming the line of its first bad byte."""
 
     def __init__(self, source: BinaryIO, block_bytes: int, lines_before: int = 0) -> None:
         self._blocks = line_blocks(source, block_bytes)
         self._first = True
-        self._text = ""  # the current block
-        self._pos = 0  # in ``_text``, at the start of a line
+        self._data = b""  # the current block
+        self._bytes = np.empty(0, np.uint8)  # the same, as an array
+        self._pos = 0  # in ``_data``, at the start of a record
+        self._stop = -1  # in ``_data``: what csv reads past before pyarrow goes on
         self._lines_before = lines_before  # lines before the current block
         self._lines_after = lines_before  # lines before the next one
-        self._piece: io.StringIO = io.StringIO()  # what :meth:`lines` reads from
-        self._piece_at = 0  # where ``_piece`` starts in ``_text``
-        # In characters, as parts of a block: text handed to csv at a time; after a quote, a run
-        # without quote or carriage return this long goes back to pyarrow, else csv takes the lines
-        # up to the last quote or carriage return within the next quarter block.
-        self._piece_chars = block_bytes // 16
-        self._fast_chars = max(1, block_bytes // 64)
-        self._near_chars = block_bytes // 4
+        self._piece = io.StringIO()  # what :meth:`lines` reads from, decoded from ``_data``
+        self._piece_text = ""
+        self._piece_at = 0  # where ``_piece`` starts in ``_data``
+        self._piece_bytes = max(1, block_bytes // 16)  # bytes handed to csv at a time
 
     def next_block(self) -> bool:
         """Move to the start of the next block; False at the end of the stream."""
@@ -319,24 +319,25 @@ class _CsvText:
             data, self._first = data.removeprefix(codecs.BOM_UTF8), False
         self._lines_before = self._lines_after
         try:
-            self._text = data.decode()
+            data.decode()
         except UnicodeDecodeError as exc:
-            raise _BadByte(data[exc.start], self._lines_before + _line_count(data[: exc.start].decode()) + 1) from None
-        self._pos = 0
-        self._lines_after += _line_count(self._text)
+            raise _BadByte(data[exc.start], self._lines_before + line_count(data[: exc.start]) + 1) from None
+        self._data, self._bytes, self._pos, self._stop = data, np.frombuffer(data, np.uint8), 0, -1
+        self._lines_after += line_count(data)
         return True
 
     def lines(self) -> Iterator[str]:
         """Lines from the position on, block after block, as csv reads them (newlines kept; ``\\n``,
         ``\\r\\n`` or ``\\r``); :meth:`sync` to where a reader of them stopped."""
-        self._piece, self._piece_at = io.StringIO(), self._pos
+        self._piece, self._piece_text, self._piece_at = io.StringIO(), "", self._pos
         return self._lines()
 
     def _lines(self) -> Iterator[str]:
         while True:
-            while self._pos < len(self._text):
-                end = self._text.find("\n", self._pos + self._piece_chars) + 1 or len(self._text)
-                self._piece, self._piece_at = io.StringIO(self._text[self._pos : end], newline=""), self._pos
+            while self._pos < len(self._data):
+                end = self._data.find(b"\n", self._pos + self._piece_bytes) + 1 or len(self._data)
+                self._piece_text, self._piece_at = self._data[self._pos : end].decode(), self._pos
+                self._piece = io.StringIO(self._piece_text, newline="")
                 yield from self._piece
                 self._pos = end
             if not self.next_block():
@@ -344,39 +345,71 @@ class _CsvText:
 
     def sync(self) -> None:
         """Move the position to where the reader of :meth:`lines` stopped (the end of a record)."""
-        self._pos = self._piece_at + self._piece.tell()
+        self._pos = self._piece_at + len(self._piece_text[: self._piece.tell()].encode())
 
     def line(self) -> int:
         """Lines before the position."""
-        return self._lines_before + _line_count(self._text[: self._pos])
+        return self._lines_before + line_count(self._data[: self._pos])
 
-    def plain_run(self) -> str | None:
-        """The whole lines from the position up to the first with a quote or carriage return (moving
-        past them); "" if the position is on such a line, None at the end of the stream."""
-        if self._pos == len(self._text) and not self.next_block():
+    def fast_run(self) -> bytes | None:
+        """The whole records from the position on that pyarrow reads as csv does (moving past them); b"" where
+        csv must read the record at the position (:meth:`csv_quota`), None at the end of the stream."""
+        if self._pos == len(self._data) and not self.next_block():
             return None
-        text, start = self._text, self._pos
-        special = self._special(start)
-        self._pos = len(text) if special == len(text) else max(start, text.rfind("\n", start, special) + 1)
-        return text[start : self._pos]
+        start = self._pos
+        self._stop, self._pos = _quoting(self._data, self._bytes, start)
+        return self._data[start : self._pos]
 
-    def quoted_lines(self) -> int:
-        """For a csv reader of :meth:`lines` at the end of a record: 0 where a run for pyarrow starts
-        (the rest of the block, or a long one without quote or carriage return), else the lines up to
-        the last quote or carriage return near ahead (at least 1)."""
+    def csv_quota(self) -> int:
+        """For a csv reader of :meth:`lines` at the end of a record: 0 once it has read past what pyarrow could
+        not read (pyarrow goes on from there), else the lines up to that place (at least 1)."""
         self.sync()
-        text, pos = self._text, self._pos
-        special = self._special(pos)
-        if special == len(text) or text.rfind("\n", pos, special) + 1 - pos >= self._fast_chars:
+        if self._pos > self._stop:
             return 0
-        near = min(len(text), pos + self._near_chars)
-        last = max(special, text.rfind('"', pos, near), text.rfind("\r", pos, near))
-        return text.count("\n", pos, last) + 1
+        return self._data.count(b"\n", self._pos, self._stop) + 1
 
-    def _special(self, start: int) -> int:
-        """Where the first quote or carriage return from ``start`` on is (the block's length if none)."""
-        found = [i for i in (self._text.find('"', start), self._text.find("\r", start)) if i >= 0]
-        return min(found, default=len(self._text))
+
+_QUOTE, _COMMA, _LF, _CR = b'"'[0], b","[0], b"\n"[0], b"\r"[0]
+
+
+def _quoting(data: bytes, array: np.ndarray, start: int) -> tuple[int, int]:
+    """For a block of whole lines (``array`` its bytes) from ``start``, the start of a record: where csv must read
+    instead of pyarrow, and the end of the last record before that place (``start`` if none).
+
+    The two read a quoted field alike but for what follows its closing quote: pyarrow reads on, csv in strict mode
+    refuses anything but a comma or a line end. So csv reads from the first such closing quote, and from a quoted
+    field still open at the block's end (its record goes on in the next block); where neither is, the place is the
+    block's end. Quoting is followed run of quotes by run of quotes: a run at a field's start opens a field (and
+    closes it again when even), a run elsewhere outside a quoted field is literal text, and in a quoted field the
+    quotes of a run pair up as escaped quotes and an odd last one closes it."""
+    quotes = np.flatnonzero(array[start:] == _QUOTE) + start
+    if not len(quotes):
+        return len(data), len(data)
+    breaks = np.flatnonzero(np.diff(quotes) != 1) + 1
+    starts = quotes[np.r_[0, breaks]]
+    ends = quotes[np.r_[breaks - 1, len(quotes) - 1]] + 1
+    before_run = np.where(starts > start, array[np.maximum(starts - 1, 0)], _LF)
+    after_run = np.where(ends < len(array), array[np.minimum(ends, len(array) - 1)], _LF)
+    field_start = (before_run == _COMMA) | (before_run == _LF) | (before_run == _CR)
+    odd = ((ends - starts) & 1).astype(bool)
+    # Each run maps the state (in a quoted field or not) by one of three functions: negation (an odd run at a
+    # field's start), back to outside (an odd run inside a field), or none (an even run).
+    negations = np.cumsum(odd & field_start)
+    back = np.maximum.accumulate(np.where(odd & ~field_start, np.arange(len(starts)), -1))
+    inside = ((negations - np.where(back >= 0, negations[np.maximum(back, 0)], 0)) & 1).astype(bool)
+    was_inside = np.r_[False, inside[:-1]]
+    closing = np.where(was_inside, odd, field_start & ~odd)
+    refused = np.flatnonzero(closing & (after_run != _COMMA) & (after_run != _LF) & (after_run != _CR))
+    if not len(refused) and not inside[-1]:
+        return len(data), len(data)
+    stop = int(starts[refused[0]]) if len(refused) else len(data)
+    end = stop
+    while (end := max(data.rfind(b"\n", start, end), data.rfind(b"\r", start, end))) >= 0:
+        run = int(np.searchsorted(starts, end)) - 1  # the last run before this line end
+        if run < 0 or not inside[run]:
+            return (stop if len(refused) else end + 1), end + 1
+        end = int(starts[np.flatnonzero(~was_inside[: run + 1])[-1]])  # the run that opened the field
+    return (stop if len(refused) else start), start
 
 
 def line_blocks(source: BinaryIO, block_bytes: int) -> Iterator[bytes]:
@@ -397,10 +430,10 @@ def line_blocks(source: BinaryIO, block_bytes: int) -> Iterator[bytes]:
         yield b"".join(parts)
 
 
-def _line_count(text: str) -> int:
+def line_count(text: bytes) -> int:
     """Physical lines ended in ``text``, as csv counts them (``\\n``, ``\\r\\n`` or ``\\r``)."""
-    lines = text.count("\n")
-    return lines + text.count("\r") - text.count("\r\n") if "\r" in text else lines
+    lines = text.count(b"\n")
+    return lines + text.count(b"\r") - text.count(b"\r\n") if b"\r" in text else lines
 
 
 def _ragged_columns(
@@ -432,8 +465,10 @@ def _value_bytes(arrays: list[pa.Array]) -> np.ndarray:
     """Per row, the UTF-8 bytes of its cells together (nulls count 0)."""
     total = np.zeros(len(arrays[0]), dtype=np.int64)
     for array in arrays:
-        lengths = pc.binary_length(array)
-        total += (lengths.fill_null(0) if lengths.null_count else lengths).to_numpy(zero_copy_only=False)
+        if array.null_count:
+            total += pc.binary_length(array).fill_null(0).to_numpy(zero_copy_only=False)
+        else:  # the lengths are the differences of the offsets
+            total += np.diff(np.frombuffer(array.buffers()[1], np.int32, len(array) + 1, array.offset * 4))
     return total
 
 

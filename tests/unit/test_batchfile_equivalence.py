@@ -131,10 +131,12 @@ def test_fast_path_reads_as_csv_alone(
         csv.field_size_limit(before)
 
 
-@pytest.mark.parametrize("block_bytes", [1, 64, 1 << 20])
-def test_plain_lines_go_to_pyarrow(monkeypatch: pytest.MonkeyPatch, block_bytes: int) -> None:
+@pytest.mark.parametrize(("block_bytes", "by_pyarrow"), [(1, 299), (64, 300), (1 << 20, 300)])
+def test_quoted_records_go_to_pyarrow(monkeypatch: pytest.MonkeyPatch, block_bytes: int, by_pyarrow: int) -> None:
     """The test above would pass were pyarrow never used: here a spy on the real ``pyarrow.csv.read_csv``
-    counts the rows it parses, which are every row but those near a quote or carriage return."""
+    counts the rows it parses. Quoted fields, escaped quotes, a quoted line break and CRLF line ends are all
+    pyarrow's; csv reads only a record that goes on past the block it starts in (the quoted line break, where
+    a block ends inside it)."""
     parsed: list[int] = []
     real = pacsv.read_csv
 
@@ -144,11 +146,20 @@ def test_plain_lines_go_to_pyarrow(monkeypatch: pytest.MonkeyPatch, block_bytes:
         return table
 
     monkeypatch.setattr(batchfile.pacsv, "read_csv", read_csv)
-    rows = [f"t{i},a,2026-03-02T09:15:00Z,p,{i},DE\n" for i in range(1, 301)]
-    rows[100] = 't101,"a,1",2026-03-02T09:15:00Z,p,101,DE\r\n'
+    rows = [f'"t{i}","a ""{i}""",2026-03-02T09:15:00Z,p,{i},DE\r\n' for i in range(1, 301)]
+    rows[100] = 't101,"a,\n1",2026-03-02T09:15:00Z,p,101,DE\n'
     data = ",".join(("transaction_id", *REQUIRED_COLUMNS[1:], "region")) + "\n" + "".join(rows)
     chunks, error = outcome(data.encode(), chunk_rows=64, csv_block_bytes=block_bytes)
     assert error is None
     assert [row["row"] for chunk in chunks for row in chunk] == list(range(1, 301))
-    assert chunks[1][36]["account_id"] == "a,1"
-    assert sum(parsed) == 299
+    assert chunks[1][36]["account_id"] == "a,\n1"
+    assert chunks[0][9]["account_id"] == 'a "10"'
+    assert sum(parsed) == by_pyarrow
+
+
+def test_a_closing_quote_csv_refuses_is_read_by_csv() -> None:
+    """Pyarrow reads on after a closing quote followed by other text; csv in strict mode refuses it, so that
+    record is csv's, and the file is refused naming its line."""
+    data = (HEADER + 't1,"a",ts,p,1\nt2,"a"b,ts,p,1\n').encode()
+    assert outcome(data) == outcome(data, csv_fast=False)
+    assert outcome(data)[1] == "malformed CSV at line 3: ',' expected after '\"'"
