@@ -44,12 +44,13 @@ from processor.jobs import rate_work_items
 from shared import inbox
 from shared.messaging.storage import Storage
 from shared.protocol import IdsPart, Manifest, WorkHeader, WorkItemResult, decode_table, parse_results
+from shared.rules.duplicates import id_hashes
 from shared.rules.idfilter import IdFilter
 from shared.rules.reference import load_price_book, load_tax_table
 from shared.settings import Settings
 from store import BatchState, Store
 from store.engine import writing
-from store.ids import ID_KEYS, IDS, SEGMENT_ROWS, id_hashes, insert_ids
+from store.ids import ID_KEYS, IDS, SEGMENT_ROWS, insert_ids
 from store.ledger import BATCH_SEQ
 from store.schema import batches, counters
 

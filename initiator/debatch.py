@@ -33,10 +33,11 @@ import pyarrow.compute as pc
 from shared import inbox
 from shared.errors import FileRefused
 from shared.inbox import Frame, Part
-from shared.protocol import IDS_SCHEMA, REPEATS_SCHEMA, encode_table
+from shared.protocol import REPEATS_SCHEMA, encode_table
 from shared.rules.batchfile import line_count, read_chunks
 from shared.rules.duplicates import FirstOccurrences
 from shared.rules.idfilter import IdFilter
+from shared.rules.schemas import IDS_SCHEMA
 
 #: What a CSV reader says of a part that ends inside a record (a quoted line break across frames), or
 #: before the header record ends: with more of the file to come, the part goes on with the next frame.
@@ -66,8 +67,8 @@ class Debatch:
         self.rows = self.work_items = 0
 
     def ids(self) -> pa.Table:
-        """Each first occurrence's row and transaction id (``IDS_SCHEMA``), in file order: those not taken as a
-        part (:meth:`take_ids`)."""
+        """Each first occurrence's row, transaction id and hash (``IDS_SCHEMA``), in file order: those not taken as
+        a part (:meth:`take_ids`)."""
         return pa.concat_tables(self._ids) if self._ids else IDS_SCHEMA.empty_table()
 
     def take_ids(self, at_least: int) -> pa.Table | None:
@@ -171,8 +172,9 @@ class Debatch:
         repeat_of = self._first.repeat_of(ids, rows, hashes=every_hash)
         present = pc.fill_null(pc.greater(pc.binary_length(ids), 0), False).to_numpy(zero_copy_only=False)
         first = np.flatnonzero((repeat_of == 0) & present)
-        self._ids.append(pa.table([pa.array(rows[first]), ids.take(pa.array(first))], schema=IDS_SCHEMA))
         hashes = every_hash[first]
+        of_ids = [pa.array(rows[first]), ids.take(pa.array(first)), pa.array(hashes.view(np.int64))]
+        self._ids.append(pa.table(of_ids, schema=IDS_SCHEMA))
         self._hashes.append(hashes)
         if self._ledger is not None:
             held = first[self._ledger.might_contain(hashes)]

@@ -24,7 +24,7 @@ from .errors import FileRefused, PoisonMessage
 from .inbox import Part
 from .messaging.envelope import ClaimCheck, Envelope
 from .rules.batchfile import CHUNK_SCHEMA, read_chunks
-from .rules.schemas import HELD_SCHEMA, PARTIAL_SCHEMA, REJECT_SCHEMA
+from .rules.schemas import HELD_SCHEMA, IDS_SCHEMA, PARTIAL_SCHEMA, REJECT_SCHEMA
 
 if TYPE_CHECKING:  # the poison queue in annotations only: the rating workers decode messages without it
     from .messaging.poison import OnPoisoned
@@ -32,19 +32,17 @@ if TYPE_CHECKING:  # the poison queue in annotations only: the rating workers de
 REQUEST, WORK, RESULTS, MANIFEST, POISONED, IDS = "request", "work", "results", "manifest", "poisoned", "ids"
 #: The rows of a text work item's part that repeat an earlier row's transaction id: its payload.
 REPEATS_SCHEMA = pa.schema([("row", pa.int64()), ("repeat_of", pa.int64())])
-#: A batch's transaction ids for the ledger: each id's first occurrence (1-based data row) and the id, stripped.
-IDS_SCHEMA = pa.schema([("row", pa.int64()), ("transaction_id", pa.string())])
 T = TypeVar("T")
 _log = logging.getLogger(__name__)
 
 
-def encode_table(table: pa.Table, *, dictionary: Sequence[str] | None = None) -> bytes:
-    """Serialise a table densely: Parquet, zstd, the text columns worth it dictionary-encoded (denser than Arrow
-    IPC, so more transactions fit a 64 KiB queue message). ``dictionary`` names those columns where the caller
-    knows them (distinct ids need none); otherwise they are counted."""
+def encode_table(table: pa.Table, *, dictionary: Sequence[str] | None = None, level: int = 3) -> bytes:
+    """Serialise a table densely: Parquet, zstd at ``level``, the text columns worth it dictionary-encoded (denser
+    than Arrow IPC, so more transactions fit a 64 KiB queue message). ``dictionary`` names those columns where the
+    caller knows them (distinct ids need none); otherwise they are counted."""
     sink = pa.BufferOutputStream()
     columns = _repetitive(table) if dictionary is None else list(dictionary)
-    pq.write_table(table, sink, compression="zstd", compression_level=3, use_dictionary=columns)
+    pq.write_table(table, sink, compression="zstd", compression_level=level, use_dictionary=columns)
     encoded: bytes = sink.getvalue().to_pybytes()
     return encoded
 
@@ -342,8 +340,9 @@ def ids_envelope(part: IdsPart) -> Envelope:
 
 
 def _encode_ids(ids: pa.Table) -> bytes:
-    """Ids (``IDS_SCHEMA``) encoded: first occurrences, distinct, so no column is worth a dictionary (none counted)."""
-    return encode_table(ids, dictionary=())
+    """Ids (``IDS_SCHEMA``) encoded: first occurrences, distinct, so no column is worth a dictionary (none counted),
+    and hashes, which no level compresses (the fastest level)."""
+    return encode_table(ids, dictionary=(), level=1)
 
 
 def parse_ids(envelope: Envelope) -> IdsPart:

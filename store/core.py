@@ -1,10 +1,10 @@
 """The SQL store: records manifests and partial aggregates idempotently, and tracks batch progress.
 
 One :meth:`Store.apply` is one transaction: it locks the batch rows it touches (:mod:`store.engine`),
-records work items, rejects and held rows (:mod:`store.items`), adds the partial aggregates exactly
-(:mod:`store.fold`; on SQLite from the fold cache, :mod:`store.cache`) and moves batches on
-(:mod:`store.batches`). The ``work_items`` primary key makes double counting impossible even if the
-row locks were bypassed.
+records work items, rejects and held rows (:mod:`store.items`), their partial aggregates (:mod:`store.partials`)
+and their transaction ids (:mod:`store.ids`), moves batches on (:mod:`store.batches`), and writes the aggregates of
+those that settle, summed exactly (:mod:`store.fold`). The ``work_items`` primary key makes double counting
+impossible even if the row locks were bypassed.
 """
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self
 
 import pyarrow as pa
-import pyarrow.compute as pc
 import sqlalchemy as sa
 from azure.core.credentials import TokenCredential
 
 from . import migrate as migrations
+from . import partials
 from .batches import (
     ApplyOutcome,
     BatchState,
@@ -34,9 +34,7 @@ from .batches import (
     status,
     update_batch,
 )
-from .cache import FoldCache, Written, stamp
 from .engine import open_engine, writing
-from .fold import AGGREGATE_KEY, AGGREGATE_VALUES, SUMMED, fold, partials, sql_values
 from .ids import (
     Verdict,
     decide,
@@ -49,10 +47,7 @@ from .ids import (
     waiting_batches,
 )
 from .items import (
-    CHUNK,
-    chunks,
     forget_counts,
-    fresh_token,
     held_firsts,
     insert_held,
     insert_rejects,
@@ -66,22 +61,6 @@ from .schema import batches, work_items
 if TYPE_CHECKING:  # the message types only: the store runs without the Azure SDK's import
     from shared.protocol import IdsPart, Manifest, PoisonNotice, WorkItemResult
 
-#: Sets a fold's sums on SQLite, binding the canonical decimal text Arrow wrote (no conversion per value).
-_SQLITE_UPSERT = (
-    f"INSERT INTO aggregates ({', '.join(AGGREGATE_KEY + AGGREGATE_VALUES)}) "
-    f"VALUES ({', '.join('?' * len(AGGREGATE_KEY + AGGREGATE_VALUES))}) "
-    f"ON CONFLICT ({', '.join(AGGREGATE_KEY)}) DO UPDATE SET "
-    + ", ".join(f"{name} = excluded.{name}" for name in SUMMED)
-)
-_PG_TYPES = {"billing_day": "date", "transactions": "bigint", **dict.fromkeys(SUMMED[1:], "numeric")}
-#: One PostgreSQL statement adds a whole fold (one array per column) to the stored sums.
-_PG_UPSERT = sa.text(
-    f"INSERT INTO aggregates ({', '.join(AGGREGATE_KEY + AGGREGATE_VALUES)}) SELECT * FROM unnest("
-    + ", ".join(f"CAST(:{name} AS {_PG_TYPES.get(name, 'text')}[])" for name in AGGREGATE_KEY + AGGREGATE_VALUES)
-    + f") ON CONFLICT ({', '.join(AGGREGATE_KEY)}) DO UPDATE SET "
-    + ", ".join(f"{name} = aggregates.{name} + excluded.{name}" for name in SUMMED)
-)
-
 
 class Store:
     """The pipeline's SQL store (SQLite or PostgreSQL); migrates itself to the latest schema on open."""
@@ -91,7 +70,6 @@ class Store:
         ``credential`` when one is given, or from ``DefaultAzureCredential`` when the URL names an
         Azure Database for PostgreSQL server and no password (the keyless way on Azure)."""
         self.url, self._engine = open_engine(url, credential)
-        self._folds = FoldCache()  # stays empty on PostgreSQL: it adds to the stored sums in SQL
         if migrate:
             self.migrate()
 
@@ -149,38 +127,31 @@ class Store:
         A poisoned work item counts as accounted for (its batch ends ``failed``) until its result
         arrives after a replay: it is then recorded like any other and the batch can still complete.
         A work item's rejects are recorded with it, its ``accepted`` and ``rejected`` rows added to the batch's,
-        its held rows (possible duplicates) kept aside until the batch completes: then the first of each
-        repeated id is counted where its first occurrence was rejected, the others rejected as duplicates.
-        A refused manifest deletes whatever of its batch was already counted (aggregates, rejects, held rows,
+        its partial aggregates kept, its held rows (possible duplicates) kept aside until the batch
+        completes: then the first of each repeated id is counted where its first occurrence was rejected, the others
+        rejected as duplicates, and the batch's aggregates written (:mod:`store.partials`).
+        A refused manifest deletes whatever of its batch was already counted (partials, rejects, held rows, ids,
         the counts); later results of a refused batch are recorded but never counted.
-        The partials of all new work items are added up in Arrow and written with one upsert statement.
         """
         incoming = _Incoming.of(manifests, results, poisoned, ids)
         if not incoming.batch_ids and not self.waiting():
             return ApplyOutcome(new_items=0, duplicate_items=0)
         now = datetime.now(UTC)
-        try:
-            with writing(self._engine) as conn:
-                rows = lock_batches(conn, sorted({*incoming.batch_ids, *waiting_batches(conn)}), now)
-                before = {batch_id: dict(row) for batch_id, row in rows.items()}
-                _take_manifests(conn, rows, incoming.manifests.values())
-                record_parts(conn, rows, incoming.ids)
-                _write_numbered(conn, rows, before, now)
-                recorded = _record_work_items(conn, rows, incoming, now)
-                counted = _count_results(conn, rows, recorded)
-                for batch_id, made in (requests or {}).items():
-                    rows[batch_id]["requests"] += made
-                settling = {batch_id: state for batch_id, row in rows.items() if (state := next_state(row))}
-                kept = _complete(conn, rows, settling)
-                still = [r for r in counted if rows[r.batch_id]["refused_reason"] is None]
-                added = partials([(r.batch_id, r.partials) for r in still] + kept)
-                merged = self._merge_aggregates(conn, added, rows, before)
-                record_late(conn, [b for b, s in settling.items() if s == BatchState.complete])
-                completed, failed = _write_batches(conn, rows, before, settling, now)
-        except BaseException:
-            self._folds.drop(incoming.batch_ids)  # rolled back, or committed maybe: read again
-            raise
-        self._folds.committed(rows, merged)
+        with writing(self._engine) as conn:
+            rows = lock_batches(conn, sorted({*incoming.batch_ids, *waiting_batches(conn)}), now)
+            before = {batch_id: dict(row) for batch_id, row in rows.items()}
+            _take_manifests(conn, rows, incoming.manifests.values())
+            record_parts(conn, rows, incoming.ids)
+            _write_numbered(conn, rows, before, now)
+            recorded = _record_work_items(conn, rows, incoming, now)
+            _count_results(conn, rows, recorded)
+            for batch_id, made in (requests or {}).items():
+                rows[batch_id]["requests"] += made
+            settling = {batch_id: state for batch_id, row in rows.items() if (state := next_state(row))}
+            kept = _complete(conn, rows, settling)
+            _write_aggregates(conn, rows, settling, kept)
+            record_late(conn, [b for b, state in settling.items() if state == BatchState.complete])
+            completed, failed = _write_batches(conn, rows, before, settling, now)
         new_items = len(recorded.new) + len(recorded.recovered)
         return ApplyOutcome(
             new_items=new_items,
@@ -191,38 +162,6 @@ class Store:
                 b: rows[b]["latency_seconds"] for b in completed if rows[b]["latency_seconds"] is not None
             },
         )
-
-    def _merge_aggregates(
-        self,
-        conn: sa.Connection,
-        added: pa.Table,
-        rows: Mapping[str, dict[str, Any]],
-        before: Mapping[str, Mapping[str, Any]],
-    ) -> dict[str, Written]:
-        """Add ``added`` (of :func:`~store.fold.partials`) into ``aggregates`` exactly, in one write, and give each
-        batch added to a fresh fold token (in ``rows``). On PostgreSQL the partials are folded per key and added in
-        SQL (``NUMERIC``); on SQLite (decimal text) in Arrow, to the stored aggregates of the keys they touch, from
-        each batch's stored aggregates as they were (``before``), cached or read once: those and the sums written
-        are returned."""
-        if not added.num_rows:
-            return {}
-        batch_ids = sorted(pc.unique(added["batch_id"]).to_pylist())
-        for batch_id in batch_ids:
-            rows[batch_id]["fold_token"] = fresh_token()
-        if conn.dialect.name == "postgresql":
-            folded = fold(added)
-            conn.execute(_PG_UPSERT, {name: sql_values(folded[name]) for name in folded.column_names})
-            return {}
-        merged = {}
-        for batch_id in batch_ids:
-            of_batch = added if len(batch_ids) == 1 else added.filter(pc.equal(added["batch_id"], batch_id))
-            stored = self._folds.stored(conn, batch_id, stamp(before[batch_id]))
-            merged[batch_id] = (stored, stored.plus(of_batch))
-        touched = pa.concat_tables([summed.table for _, summed in merged.values()])
-        values = zip(*map(sql_values, touched.columns), strict=True)
-        for chunk in chunks(values, CHUNK):  # a few rows at a time: no pile of young tuples
-            conn.exec_driver_sql(_SQLITE_UPSERT, chunk)
-        return merged
 
     def waiting(self) -> list[str]:
         """Batches whose work items are all recorded, waiting for an earlier batch they share ids with (an
@@ -330,11 +269,11 @@ def _take_manifests(conn: sa.Connection, rows: Mapping[str, dict[str, Any]], man
 
 def _complete(
     conn: sa.Connection, rows: Mapping[str, dict[str, Any]], settling: dict[str, BatchState]
-) -> list[tuple[str, pa.Table]]:
+) -> dict[str, pa.Table]:
     """Decide the held rows of the batches about to complete, in sequence order, with the ledger's ids
     (:mod:`store.ids`): a batch that must wait for an earlier one leaves ``settling``, one the ledger refuses
-    settles ``refused`` and counts nothing. The partials of the held rows counted are returned."""
-    kept = []
+    settles ``refused`` and counts nothing. The partials of the held rows counted are returned, by batch."""
+    kept = {}
     settled: dict[int, str] = {}
     completing = [b for b, state in settling.items() if state == BatchState.complete]
     for batch_id in sorted(completing, key=lambda b: rows[b]["seq"] or 0):
@@ -355,10 +294,31 @@ def _complete(
             counted, kept_firsts = resolve_held(conn, row, verdict.taken)
             uncounted = rejected_rows(conn, batch_id).difference(kept_firsts)  # held rows rejected just now too
             forget_uncounted(conn, row, {number: own[number] for number in uncounted if number in own})
-            kept.append((batch_id, counted))
+            kept[batch_id] = counted
             if row["seq"] is not None:
                 settled[row["seq"]] = BatchState.complete
     return kept
+
+
+def _write_aggregates(
+    conn: sa.Connection,
+    rows: Mapping[str, dict[str, Any]],
+    settling: dict[str, BatchState],
+    kept: Mapping[str, pa.Table],
+) -> None:
+    """Write the aggregates of the batches settling ``complete`` or ``failed`` (:mod:`store.partials`); one whose sums
+    do not fit the store's columns settles ``refused`` instead and counts nothing."""
+    for batch_id, state in sorted(settling.items()):
+        if state == BatchState.refused:
+            continue
+        try:
+            partials.settle(conn, batch_id, kept.get(batch_id), complete=state == BatchState.complete)
+        except partials.Overflow as exc:
+            row = rows[batch_id]
+            row["refused_reason"] = str(exc)
+            forget_counts(conn, row)
+            release(conn, row)
+            settling[batch_id] = BatchState.refused
 
 
 def _record_work_items(
@@ -400,11 +360,9 @@ def _record_work_items(
     return found
 
 
-def _count_results(
-    conn: sa.Connection, rows: Mapping[str, dict[str, Any]], recorded: _Recorded
-) -> list[WorkItemResult]:
-    """Count the recorded results on their batches' rows, and keep their rejects and held rows, except those of
-    refused batches (recorded, never counted); the results counted are returned."""
+def _count_results(conn: sa.Connection, rows: Mapping[str, dict[str, Any]], recorded: _Recorded) -> None:
+    """Count the recorded results on their batches' rows, and keep their rejects, held rows and partial aggregates,
+    except those of refused batches (recorded, never counted)."""
     results = recorded.new + recorded.recovered
     counted = [r for r in results if rows[r.batch_id]["refused_reason"] is None]
     for result in results:
@@ -413,7 +371,7 @@ def _count_results(
         count(rows[result.batch_id], result.transactions, result.rejects.num_rows)
     insert_rejects(conn, [(r.batch_id, r.rejects) for r in counted])
     insert_held(conn, [(r.batch_id, r.held) for r in counted])
-    return counted
+    partials.record(conn, [(r.work_item_id, r.batch_id, r.partials) for r in counted])
 
 
 def _write_numbered(

@@ -1,12 +1,12 @@
-"""Exact arithmetic on aggregates in Arrow: partial aggregates summed per key (:func:`fold`), added to
-stored ones (:func:`plus`), never wrapping on overflow (:func:`sum_fits`).
+"""Exact arithmetic on aggregates in Arrow: partial aggregates of batches as one table (:func:`of_batches`), summed
+per key (:func:`fold`), never wrapping on overflow (:func:`sum_fits`).
 
 An aggregate's key is (batch, account, product, billing day); its values are a currency and sums.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from decimal import localcontext
 from typing import Any
 
@@ -25,11 +25,8 @@ ARROW_TYPES = {**{f.name: f.type for f in PARTIAL_SCHEMA}, "batch_id": pa.string
 #: A fold's table (see :func:`fold`).
 FOLD_SCHEMA = pa.schema([(name, ARROW_TYPES[name]) for name in AGGREGATE_KEY + AGGREGATE_VALUES])
 
-#: An aggregate's key within its batch (see :func:`keys`).
-Key = str
 
-
-def partials(tables: Sequence[tuple[str, pa.Table]]) -> pa.Table:
+def of_batches(tables: Sequence[tuple[str, pa.Table]]) -> pa.Table:
     """Partial aggregates (``PARTIAL_SCHEMA`` tables, by batch) as one table with a ``batch_id`` column and
     ``billing_day`` as a date (checked); a null sum raises ``ValueError``."""
     if not tables:
@@ -69,36 +66,6 @@ def fold(table: pa.Table) -> pa.Table:
         }
     )
     return folded.sort_by([(key, "ascending") for key in AGGREGATE_KEY])
-
-
-def plus(added: pa.Table, stored: Mapping[str, pa.Array]) -> pa.Table:
-    """``added``'s aggregates plus the ``stored`` columns, row by row, exactly, with the stored currency where there
-    is one; a sum that does not fit its column's type raises ``ValueError``."""
-    summed = {}
-    for name in SUMMED:
-        column, kind = added[name], added.schema.field(name).type
-        if pa.types.is_decimal(kind):  # a sum of two has one digit more: added in a type with room for it
-            wide = pa.decimal256(kind.precision + 1, kind.scale)
-            summed[name] = pc.add(column.cast(wide), stored[name].cast(wide)).cast(kind)
-        else:
-            summed[name] = pc.add_checked(column, stored[name])
-    return pa.table(
-        {
-            **{key: added[key] for key in AGGREGATE_KEY},
-            "currency": pc.coalesce(stored["currency"], added["currency"]),
-            **summed,
-        }
-    )
-
-
-def keys(table: pa.Table) -> list[Key]:
-    """The key within its batch of each of ``table``'s aggregates, as one string (hashed once, unlike a tuple): the
-    account's length, the account, the product and the day's number, joined by NUL. The day's number holds no NUL
-    and the length tells where the account ends, so two keys are one string only when they are one key."""
-    account, day = table["account_id"], table["billing_day"].cast(pa.int32()).cast(pa.string())
-    length = pc.utf8_length(account).cast(pa.string())
-    found: list[Key] = pc.binary_join_element_wise(length, account, table["product"], day, "\0").to_pylist()
-    return found
 
 
 def sum_fits(column: pa.ChunkedArray) -> bool:

@@ -3,13 +3,13 @@
 across batches").
 
 - **Where they live.** ``ledger_ids`` keeps, per batch, each id's first occurrence: recorded as the initiator
-  cuts the file (its ids parts, :func:`record_parts`, then the rest with the manifest; :func:`record_ids`), so
-  that little is left to record when the last work item is rated. They go into the *segment* of
-  :data:`SEGMENT_ROWS` ids that was current at the batch's first ids (the key starts with it, so a batch's
-  inserts stay in one part of the index however large the ledger), sorted by hash, under the batch's key
-  (``id_key``, given then: its seq comes only with its manifest). A batch completes once all its parts are
-  recorded; then the ids it did not count are deleted (:func:`forget_uncounted`); a void or a refusal deletes
-  all of them (:mod:`store.ledger`, :func:`release`).
+  cuts the file (its ids parts, :func:`record_parts`, then the rest with the manifest; :func:`record_ids`; each
+  with its hash, made as the initiator read it), so that little is left to record when the last work item is
+  rated. They go into the *segment* of :data:`SEGMENT_ROWS` ids that was current at the batch's first ids (the
+  key starts with it, so a batch's inserts stay in one part of the index however large the ledger), sorted by
+  hash, under the batch's key (``id_key``, given then: its seq comes only with its manifest). A batch completes
+  once all its parts are recorded; then the ids it did not count are deleted (:func:`forget_uncounted`); a void
+  or a refusal deletes all of them (:mod:`store.ledger`, :func:`release`).
 - **Who is checked.** The initiator marks the first occurrences the id filter may hold; they are held and
   decided here, exactly, against every earlier batch (:func:`decide`): an id counted in a complete earlier
   batch is taken; one in an earlier batch still running makes this batch wait for it.
@@ -29,8 +29,6 @@ import numpy as np
 import pyarrow as pa
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
-
-from shared.rules.duplicates import FirstOccurrences
 
 from .batches import SETTLED, BatchState
 from .items import CHUNK, chunks
@@ -80,15 +78,6 @@ class Verdict:
     taken: set[int] = field(default_factory=set)
 
 
-def id_hashes(ids: pa.Array | pa.ChunkedArray) -> np.ndarray:
-    """Each id's signed 64-bit hash, as ``ledger_ids.id_hash`` keeps it (the filter's hash); a slice of ids at a
-    time, so that only so many Python strings exist at once."""
-    parts = [np.empty(0, np.uint64)]
-    for start in range(0, len(ids), _INSERT_ROWS):
-        parts.append(FirstOccurrences.hash64(ids[start : start + _INSERT_ROWS].to_numpy(zero_copy_only=False)))
-    return np.concatenate(parts).view(np.int64)
-
-
 def record_parts(conn: sa.Connection, rows: Mapping[str, dict[str, Any]], parts: Iterable[IdsPart]) -> None:
     """Record the ids parts not recorded before, of batches still running (those of a settled or refused batch
     are spent: its ids are decided)."""
@@ -103,8 +92,8 @@ def record_parts(conn: sa.Connection, rows: Mapping[str, dict[str, Any]], parts:
 
 
 def record_ids(conn: sa.Connection, row: dict[str, Any], ids: pa.Table | None) -> None:
-    """Record ids (``IDS_SCHEMA``) of batch ``row`` in hash order, in its segment under its key (both given to
-    the batch with its first ids)."""
+    """Record ids (``IDS_SCHEMA``: row, id, hash) of batch ``row`` in hash order, in its segment under its key (both
+    given to the batch with its first ids)."""
     if ids is None or not ids.num_rows:
         return
     if row["id_key"] is None:
@@ -112,8 +101,8 @@ def record_ids(conn: sa.Connection, row: dict[str, Any], ids: pa.Table | None) -
     counted = take_numbers(conn, IDS, ids.num_rows)
     if row["id_segment"] is None:
         row["id_segment"] = (counted - 1) // SEGMENT_ROWS
-    texts = ids["transaction_id"]
-    insert_ids(conn, row["id_segment"], row["id_key"], id_hashes(texts), ids["row"].to_numpy(), texts)
+    hashes, numbers = (ids[name].to_numpy() for name in ("id_hash", "row"))
+    insert_ids(conn, row["id_segment"], row["id_key"], hashes, numbers, ids["transaction_id"])
 
 
 def insert_ids(

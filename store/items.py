@@ -1,10 +1,9 @@
-"""What a batch's work items leave in the store beside its aggregates: the work items recorded (or
+"""What a batch's work items leave in the store beside their partial aggregates and ids: the work items recorded (or
 poisoned), their rejected rows, and their held rows (possible duplicates, decided when the batch completes)."""
 
 from __future__ import annotations
 
 import itertools
-import uuid
 from collections.abc import Iterable, Iterator
 from datetime import date
 from typing import Any, TypeVar
@@ -17,7 +16,7 @@ from shared.rules.duplicates import keep_first
 from shared.rules.schemas import PARTIAL_SCHEMA, REJECT_SCHEMA
 
 from .batches import count
-from .schema import aggregates, held, rejects, work_items
+from .schema import aggregates, held, partials, rejects, work_items
 
 #: Rows written (or ids looked up) per statement.
 CHUNK = 1000
@@ -35,11 +34,6 @@ def chunks(items: Iterable[T], size: int) -> Iterator[list[T]]:
         yield chunk
 
 
-def fresh_token() -> str:
-    """A new fold token: set on a batch's row whenever its aggregates are written (see :mod:`store.cache`)."""
-    return uuid.uuid4().hex
-
-
 def recorded_work_items(conn: sa.Connection, ids: list[str]) -> dict[str, str | None]:
     """Work item id → its poison reason (None when it was recorded normally), for those recorded."""
     found: dict[str, str | None] = {}
@@ -55,11 +49,11 @@ def insert_work_items(conn: sa.Connection, records: Iterable[dict[str, Any]]) ->
 
 
 def forget_counts(conn: sa.Connection, row: dict[str, Any]) -> None:
-    """A refused batch counts nothing: delete its aggregates (a fresh fold token), rejects and held rows, zero
-    its counts."""
-    for table in (aggregates, rejects, held):
+    """A refused batch counts nothing: delete its aggregates, partial aggregates, rejects and held rows, zero its
+    counts."""
+    for table in (aggregates, partials, rejects, held):
         conn.execute(sa.delete(table).where(table.c.batch_id == row["batch_id"]))
-    row.update(accepted=0, rejected=0, transactions_recorded=0, fold_token=fresh_token())
+    row.update(accepted=0, rejected=0, transactions_recorded=0)
 
 
 def insert_rejects(conn: sa.Connection, tables: Iterable[tuple[str, pa.Table]]) -> None:

@@ -9,9 +9,11 @@ aggregates, invoices per billing period, daily totals, top accounts or products 
   (``exact_sum``, Python ``Decimal``) is registered on the connection. Money comes back as Python ints in
   minor units, quantity as an exact ``Decimal``; nothing is ever a float.
 - **Which batches count**: by default every ``complete`` batch; batches named in :attr:`Filters.batches`
-  count whatever their state; a voided batch never counts (:mod:`store.ledger`). Each row names the batches
-  it sums (``batches``) and each :class:`Result` lists the batches it includes and those it left out although
-  they had matching rows (not complete yet, failed, voided), with their state.
+  count whatever their state (a ``failed`` one with what it counted so far); a voided batch never counts
+  (:mod:`store.ledger`), nor does one still running: its aggregates are written when it settles
+  (:mod:`store.partials`). Each row names the batches it sums (``batches``) and each :class:`Result` lists the
+  batches it includes and those it left out: those with matching rows (failed, voided) and those still running,
+  with their state.
 - Rows come in key order (byte order of the text, as Python sorts) so that ``limit``/``offset`` page stably.
 """
 
@@ -42,6 +44,8 @@ AGGREGATE_KEY: tuple[Dimension, ...] = ("account_id", "product", "billing_day")
 
 #: What :class:`BatchRef` says of a voided batch (it counts nowhere, whatever its state).
 VOIDED = "voided"
+#: Batches a report leaves out even when named: voided, or still running.
+_UNCOUNTED = (VOIDED, BatchState.processing.value)
 
 #: ``YYYY-MM``, year 0001 to 9999 (no look-ahead: JSON Schema and pydantic patterns use it too).
 PERIOD_PATTERN = r"^([0-9]{3}[1-9]|[0-9]{2}[1-9][0-9]|[0-9][1-9][0-9]{2}|[1-9][0-9]{3})-(0[1-9]|1[0-2])$"
@@ -127,8 +131,9 @@ def totals(
         included = sorted({batch_id for row in rows for batch_id in row["batches"]})
         states = _states(conn, included) if filters.batches else dict.fromkeys(included, BatchState.complete.value)
         excluded = _excluded(conn, filters, sqlite)
-        if filters.batches:  # those named leave out only the voided
-            excluded = [ref for ref in excluded if ref.state == VOIDED]
+        if filters.batches:  # those named leave out only the voided and the running
+            named = set(filters.batches)
+            excluded = [ref for ref in excluded if ref.state in _UNCOUNTED and ref.batch_id in named]
     return Result(key, rows, [BatchRef(b, states.get(b, "unknown")) for b in included], excluded)
 
 
@@ -258,12 +263,16 @@ def _conditions(filters: Filters, sqlite: bool, *, complete: bool = True) -> lis
 
 
 def _excluded(conn: sa.Connection, filters: Filters, sqlite: bool) -> list[BatchRef]:
-    """Batches not complete, or voided, that have rows matching ``filters`` (a voided one's state: ``voided``)."""
+    """Batches not complete, or voided, that have rows matching ``filters`` (a voided one's state: ``voided``), and
+    those still running (their rows not written yet)."""
     matching = sa.exists().where(
         aggregates.c.batch_id == batches.c.batch_id, *_conditions(filters, sqlite, complete=False)
     )
     left_out = sa.or_(batches.c.state != BatchState.complete.value, batches.c.voided_at.is_not(None))
-    query = sa.select(batches.c.batch_id, batches.c.state, batches.c.voided_at).where(left_out, matching)
+    running = batches.c.state == BatchState.processing.value
+    query = sa.select(batches.c.batch_id, batches.c.state, batches.c.voided_at).where(
+        sa.or_(sa.and_(left_out, matching), running)
+    )
     return sorted(BatchRef(r.batch_id, VOIDED if r.voided_at else r.state) for r in conn.execute(query))
 
 

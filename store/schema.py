@@ -128,8 +128,6 @@ batches = sa.Table(
     sa.Column("updated_at", UTCDateTime(), nullable=False),
     # When the batch's claim-check blobs were deleted (see Controller.clean_up).
     sa.Column("claims_deleted_at", UTCDateTime(), nullable=True),
-    # A fresh random token on every write of the batch's aggregates: what a store's cache of them checks.
-    sa.Column("fold_token", sa.String(32), nullable=True),
     # The ledger (store.ledger): the batch's number in acceptance order (set when its manifest is recorded,
     # never for a refused batch), and when it was voided (then it counts nowhere; its aggregates stay).
     sa.Column("seq", sa.BigInteger, nullable=True),
@@ -231,7 +229,17 @@ work_items = sa.Table(
     sa.Column("poison_reason", sa.Text, nullable=True),
 )
 
-#: Exact aggregates per (batch, account, product, UTC billing day).
+#: What each work item counted, as it came (store.partials): its partial aggregates as an Arrow stream, kept until
+#: its batch completes, when they are summed into ``aggregates`` (and when it fails, for what it counted so far).
+partials = sa.Table(
+    "partials",
+    metadata,
+    sa.Column("work_item_id", sa.String(255), primary_key=True),
+    sa.Column("batch_id", sa.String(255), nullable=False, index=True),
+    sa.Column("aggregates", sa.LargeBinary, nullable=False),
+)
+
+#: Exact aggregates per (batch, account, product, UTC billing day), written when the batch settles.
 aggregates = sa.Table(
     "aggregates",
     metadata,

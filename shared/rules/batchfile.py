@@ -468,7 +468,8 @@ def _value_bytes(arrays: list[pa.Array]) -> np.ndarray:
         if array.null_count:
             total += pc.binary_length(array).fill_null(0).to_numpy(zero_copy_only=False)
         else:  # the lengths are the differences of the offsets
-            total += np.diff(np.frombuffer(array.buffers()[1], np.int32, len(array) + 1, array.offset * 4))
+            offsets = np.frombuffer(array.buffers()[1], np.int32, len(array) + 1, array.offset * 4)
+            total += offsets[1:] - offsets[:-1]
     return total
 
 

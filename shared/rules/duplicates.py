@@ -29,6 +29,8 @@ _HASH_KEYS = ("billing-txid-h1.", "billing-txid-h2.")
 MAX_ROWS = np.iinfo(np.uint32).max
 #: The filter in front of the remembered ids (16 MiB).
 FILTER_BITS = 1 << 27
+#: Ids hashed at a time by :func:`id_hashes`.
+_HASH_SLICE = 100_000
 
 
 class FirstOccurrences:
@@ -165,6 +167,15 @@ def _filter_position(h1: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def _empty_run(size: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return np.empty(size, dtype=np.uint64), np.empty(size, dtype=np.uint32), np.empty(size, dtype=np.uint32)
+
+
+def id_hashes(ids: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """Each id's signed 64-bit hash as the ledger keeps it (:meth:`FirstOccurrences.hash64`, what the id filter
+    holds); a slice of ids at a time, so that only so many Python strings exist at once."""
+    parts = [np.empty(0, np.uint64)]
+    for start in range(0, len(ids), _HASH_SLICE):
+        parts.append(FirstOccurrences.hash64(ids[start : start + _HASH_SLICE].to_numpy(zero_copy_only=False)))
+    return np.concatenate(parts).view(np.int64)
 
 
 def keep_first(

@@ -1,4 +1,5 @@
-"""The tables the billing rules produce: rated partial aggregates, rejected rows, rows held as possible duplicates."""
+"""The tables the billing rules produce: rated partial aggregates, rejected rows, rows held as possible duplicates,
+a batch's transaction ids for the ledger."""
 
 from __future__ import annotations
 
@@ -26,3 +27,7 @@ REJECT_SCHEMA = pa.schema([("row", pa.int64()), ("reason", pa.string()), ("raw",
 #: each rated on its own and held until every row of the batch is validated: the 1-based data row
 #: number, that of the id's first occurrence, the raw row, and the row's partial aggregates.
 HELD_SCHEMA = pa.schema([("row", pa.int64()), ("repeat_of", pa.int64()), ("raw", pa.string()), *PARTIAL_SCHEMA])
+
+#: A batch's transaction ids for the ledger: each id's first occurrence (1-based data row), the id (stripped) and its
+#: 64-bit hash as the ledger keeps it (signed; :func:`shared.rules.duplicates.id_hashes`).
+IDS_SCHEMA = pa.schema([("row", pa.int64()), ("transaction_id", pa.string()), ("id_hash", pa.int64())])

@@ -17,9 +17,10 @@ from benchmarks.ledger import Cut, InProcess, apply, ledger_filter, load_ledger
 from benchmarks.reference_model import Ledger, Row, read_prices, read_rates
 from billing.sample import sample_price_book_bytes, sample_tax_table_bytes
 from shared.protocol import IdsPart
+from shared.rules.duplicates import id_hashes
 from store import BatchState, Store, reports
 from store.engine import writing
-from store.ids import IDS, SEGMENT_ROWS, id_hashes, insert_ids
+from store.ids import IDS, SEGMENT_ROWS, insert_ids
 from store.ledger import take_numbers, void
 from store.schema import ledger_ids
 from support.revisions import at_revision

@@ -90,8 +90,9 @@ def test_period_invoices_sum_every_complete_batch_and_name_the_others(store: Sto
     assert {
         (r["account_id"], r["billing_period"], r["currency"]): (r["net"], r["tax"], r["total"]) for r in per_batch.rows
     } == _summed(expected_invoices[1])
-    named = queries.invoices(store, Filters(batches=("slow",)))  # a batch named counts whatever its state
-    assert [(b.batch_id, b.state) for b in named.batches] == [("slow", "processing")] and named.rows
+    named = queries.invoices(store, Filters(batches=("failed", "slow")))  # a failed batch named counts what it did
+    assert [(b.batch_id, b.state) for b in named.batches] == [("failed", "failed")] and named.rows
+    assert [(b.batch_id, b.state) for b in named.excluded] == [("slow", "processing")]  # nothing written yet
     assert queries.invoices(store, Filters(period="2026-04")).rows == []
 
 
@@ -106,7 +107,7 @@ def test_filters_sums_and_order(store: Store) -> None:
     assert [b.batch_id for b in march.excluded] == ["b3"]
     ranged = queries.totals(store, ["account_id"], Filters(start=date(2026, 3, 31), end=date(2026, 4, 1)))
     assert [(r["account_id"], r["net"]) for r in ranged.rows] == [("acct-1", 50), ("acct-2", 7)]
-    assert ranged.excluded == []  # b3 has nothing in those days
+    assert [b.batch_id for b in ranged.excluded] == ["b3"]  # still running: left out, whatever its days
     assert [r["currency"] for r in queries.totals(store, [], Filters(currencies=("JPY",))).rows] == ["JPY"]
     gpu = queries.totals(store, ["product"], Filters(products=("GPU",)))
     assert [(r["product"], r["total"]) for r in gpu.rows] == [("GPU", 55)]

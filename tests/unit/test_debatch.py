@@ -21,7 +21,7 @@ from shared import inbox
 from shared.errors import FileRefused, PoisonMessage
 from shared.protocol import REPEATS_SCHEMA, WorkHeader, decode_work, encode_table
 from shared.rules.batchfile import read_chunks
-from store.ids import id_hashes
+from shared.rules.duplicates import id_hashes
 from support.batchfiles import with_raw
 
 HEADER = "transaction_id,account_id,timestamp,product,quantity,region\n"
@@ -86,6 +86,7 @@ def test_the_filter_is_given_each_first_occurrences_hash_as_the_ledger_records_i
     firsts = [row for row, first in enumerate(expected_repeats(whole(content, "csv")), start=1) if not first]
     present = set(ids["row"].to_pylist())
     assert present <= set(firsts) and len(present) > 2_000, "first occurrences (of ids not empty)"
+    assert ids["id_hash"].to_pylist() == id_hashes(ids["transaction_id"]).tolist()
     assert debatch.hashes().tolist() == id_hashes(ids["transaction_id"]).view(np.uint64).tolist()
 
 
