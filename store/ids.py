@@ -50,7 +50,6 @@ _INSERT_ROWS = 100_000
 #: Rows of one batch named per statement that reads its segment (each such statement scans the segment).
 _SCAN_ROWS = 30_000
 _COLUMNS = "segment, id_hash, batch_key, row, transaction_id"
-_ID_VALUES = 5  # the columns above
 #: What each id brings to an insert (the segment and the batch's key are the insert's).
 _COLUMNS_OF_ID = ("id_hash", "row", "transaction_id")
 #: Ids named per SQLite insert statement.
@@ -127,23 +126,24 @@ def _sqlite_insert(
     conn: sa.Connection, segment: int, key: int, hashes: list[int], rows: list[int], ids: list[str]
 ) -> None:
     """Insert ids into ``segment`` under ``key``, each given as its hash, row and text: many ids per statement, as
-    most of what SQLite spends on a statement per id goes to the statement. Every value has a plain ``?`` (a
-    numbered placeholder costs a look-up per value, and on some Python versions a warning)."""
-    values = list(
-        itertools.chain.from_iterable(zip(itertools.repeat(segment), hashes, itertools.repeat(key), rows, ids))
-    )
-    width = _SQLITE_STATEMENT_IDS * _ID_VALUES
+    most of what SQLite spends on a statement per id goes to the statement. The segment and the key are the
+    statement's own numbers, each id's values plain ``?`` (a numbered placeholder costs a look-up per value, and on
+    some Python versions a warning)."""
+    values = list(itertools.chain.from_iterable(zip(hashes, rows, ids, strict=True)))
+    width = _SQLITE_STATEMENT_IDS * len(_COLUMNS_OF_ID)
     cut = len(values) - len(values) % width
     if cut:
         statements = [tuple(values[at : at + width]) for at in range(0, cut, width)]
-        conn.exec_driver_sql(_sqlite_insert_sql(_SQLITE_STATEMENT_IDS), statements)
+        conn.exec_driver_sql(_sqlite_insert_sql(segment, key, _SQLITE_STATEMENT_IDS), statements)
     if cut < len(values):
-        conn.exec_driver_sql(_sqlite_insert_sql((len(values) - cut) // _ID_VALUES), tuple(values[cut:]))
+        last = (len(values) - cut) // len(_COLUMNS_OF_ID)
+        conn.exec_driver_sql(_sqlite_insert_sql(segment, key, last), tuple(values[cut:]))
 
 
-def _sqlite_insert_sql(ids: int) -> str:
-    """An insert of ``ids`` ids (``_COLUMNS`` each)."""
-    return f"INSERT OR IGNORE INTO ledger_ids ({_COLUMNS}) VALUES " + ", ".join(["(?, ?, ?, ?, ?)"] * ids)
+def _sqlite_insert_sql(segment: int, key: int, ids: int) -> str:
+    """An insert of ``ids`` ids into ``segment`` under ``key`` (the columns ``_COLUMNS``)."""
+    one = f"({int(segment)}, ?, {int(key)}, ?, ?)"
+    return f"INSERT OR IGNORE INTO ledger_ids ({_COLUMNS}) VALUES " + ", ".join([one] * ids)
 
 
 def waiting_batches(conn: sa.Connection) -> list[str]:
