@@ -12,6 +12,7 @@ from shared.errors import InputError, PoisonMessage
 from shared.messaging.envelope import Envelope
 from shared.protocol import WorkHeader, WorkItemResult, decode_work, results_envelope
 from shared.rules.batchfile import raw_texts
+from shared.rules.duplicates import id_hashes
 from shared.rules.rating import aggregate, itemise
 from shared.rules.reference import PriceBook, TaxTable, load_price_book, load_tax_table
 from shared.rules.schemas import HELD_SCHEMA
@@ -56,17 +57,43 @@ def rate_work_items(
 def rate_rows(header: WorkHeader, rows: pa.Table, price_book: PriceBook, tax_table: TaxTable) -> WorkItemResult:
     """A work item's rows validated and rated: the partial aggregates of the otherwise valid rows whose
     id is not a repeat (``repeat_of`` 0), the rejects, and the otherwise valid repeats rated one by one
-    and held for the controller to tell duplicates (:mod:`shared.rules.duplicates`)."""
+    and held for the controller to tell duplicates (:mod:`shared.rules.duplicates`). A held row carries its id and
+    the id's hash, a rejected first occurrence the hash of its id: what the controller checks in the ledger, and
+    takes out of it."""
     valid, rejects = validate(rows, price_book, tax_table)
     repeats = rows.filter(pc.greater(rows.column("repeat_of"), 0))
     holding = pc.is_in(valid.column("row"), value_set=repeats.column("row"))
     counted, held = valid.filter(pc.invert(holding)), valid.filter(holding)
     of_held = repeats.filter(pc.is_in(repeats.column("row"), value_set=held.column("row")))  # valid's order
+    held_ids = pc.utf8_trim_whitespace(of_held.column("transaction_id"))
     held_table = pa.Table.from_arrays(
-        [of_held["row"], of_held["repeat_of"], raw_texts(of_held), *itemise(held, price_book, tax_table).columns],
+        [
+            of_held["row"],
+            of_held["repeat_of"],
+            raw_texts(of_held),
+            held_ids,
+            pa.array(id_hashes(held_ids)),
+            *itemise(held, price_book, tax_table).columns,
+        ],
         schema=HELD_SCHEMA,
     )
     partials = aggregate(counted, price_book, tax_table)
     return WorkItemResult(
-        header.work_item_id, header.batch_id, counted.num_rows, partials, rejects, held_table, marked=header.marked
+        header.work_item_id,
+        header.batch_id,
+        counted.num_rows,
+        partials,
+        rejects.append_column("id_hash", _first_occurrence_hashes(rows, rejects.column("row"))),
+        held_table,
+        marked=header.marked,
     )
+
+
+def _first_occurrence_hashes(rows: pa.Table, numbers: pa.Array | pa.ChunkedArray) -> pa.Array:
+    """For rows ``numbers`` of ``rows``, the hash of the row's id where the row is its id's first occurrence
+    (``repeat_of`` 0, or its own row) and the id is not empty (the ids the initiator recorded); null elsewhere."""
+    of_rows = rows.take(pc.index_in(numbers, value_set=rows.column("row").combine_chunks()))
+    ids = pc.fill_null(pc.utf8_trim_whitespace(of_rows.column("transaction_id")), "")
+    repeat_of = of_rows.column("repeat_of")
+    first = pc.and_(pc.or_(pc.equal(repeat_of, 0), pc.equal(repeat_of, of_rows.column("row"))), pc.not_equal(ids, ""))
+    return pc.if_else(first, pa.array(id_hashes(ids)), pa.scalar(None, pa.int64()))

@@ -24,7 +24,7 @@ from .errors import FileRefused, PoisonMessage
 from .inbox import Part
 from .messaging.envelope import ClaimCheck, Envelope
 from .rules.batchfile import CHUNK_SCHEMA, read_chunks
-from .rules.schemas import HELD_SCHEMA, IDS_SCHEMA, PARTIAL_SCHEMA, REJECT_SCHEMA
+from .rules.schemas import HELD_SCHEMA, IDS_SCHEMA, PARTIAL_SCHEMA, REJECTED_SCHEMA
 
 if TYPE_CHECKING:  # the poison queue in annotations only: the rating workers decode messages without it
     from .messaging.poison import OnPoisoned
@@ -123,7 +123,7 @@ class WorkItemResult:
     batch_id: str
     transactions: int
     partials: pa.Table  # PARTIAL_SCHEMA
-    rejects: pa.Table = field(default_factory=REJECT_SCHEMA.empty_table)
+    rejects: pa.Table = field(default_factory=REJECTED_SCHEMA.empty_table)
     held: pa.Table = field(default_factory=HELD_SCHEMA.empty_table)
     trace: dict[str, str] = field(default_factory=dict)
     marked: int | None = None  # the header's filter serial (WorkHeader.marked)
@@ -216,7 +216,7 @@ def decode_work(header: WorkHeader, encoded: bytes, text: bytes = b"") -> pa.Tab
 #: The tables of a results message, in the order their rows lie in it, with each item's count of rows.
 _RESULT_TABLES = (
     ("partials", "groups", PARTIAL_SCHEMA),
-    ("rejects", "rejects", REJECT_SCHEMA),
+    ("rejects", "rejects", REJECTED_SCHEMA),
     ("held", "held", HELD_SCHEMA),
 )
 

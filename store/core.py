@@ -39,10 +39,8 @@ from .ids import (
     Verdict,
     decide,
     forget_uncounted,
-    own_ids,
     record_ids,
     record_parts,
-    rejected_rows,
     release,
     waiting_batches,
 )
@@ -278,11 +276,8 @@ def _complete(
     completing = [b for b, state in settling.items() if state == BatchState.complete]
     for batch_id in sorted(completing, key=lambda b: rows[b]["seq"] or 0):
         row = rows[batch_id]
-        firsts = held_firsts(conn, batch_id)
-        # The ids of its held first occurrences and rejected rows, in one pass over its segment.
-        own = own_ids(conn, row, {*firsts, *rejected_rows(conn, batch_id)}) if row["id_key"] is not None else {}
-        of_firsts = {number: own[number] for number in firsts if number in own}
-        verdict = decide(conn, row, of_firsts, settled) if row["seq"] is not None else Verdict()
+        firsts = held_firsts(conn, batch_id) if row["id_key"] is not None else {}
+        verdict = decide(conn, row, firsts, settled) if row["seq"] is not None else Verdict()
         if verdict.wait_for is not None:
             del settling[batch_id]
         elif verdict.refused is not None:
@@ -292,8 +287,7 @@ def _complete(
             settling[batch_id] = settled[row["seq"]] = BatchState.refused
         else:
             counted, kept_firsts = resolve_held(conn, row, verdict.taken)
-            uncounted = rejected_rows(conn, batch_id).difference(kept_firsts)  # held rows rejected just now too
-            forget_uncounted(conn, row, {number: own[number] for number in uncounted if number in own})
+            forget_uncounted(conn, row, kept_firsts)  # held rows rejected just now too
             kept[batch_id] = counted
             if row["seq"] is not None:
                 settled[row["seq"]] = BatchState.complete

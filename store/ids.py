@@ -47,8 +47,6 @@ IDS = "ledger_ids"
 #: The counter of the batches' keys in ``ledger_ids``.
 ID_KEYS = "ledger_id_keys"
 _INSERT_ROWS = 100_000
-#: Rows of one batch named per statement that reads its segment (each such statement scans the segment).
-_SCAN_ROWS = 30_000
 _COLUMNS = "segment, id_hash, batch_key, row, transaction_id"
 #: What each id brings to an insert (the segment and the batch's key are the insert's).
 _COLUMNS_OF_ID = ("id_hash", "row", "transaction_id")
@@ -163,7 +161,7 @@ def decide(
     conn: sa.Connection, row: Mapping[str, Any], firsts: Mapping[int, IdKey], settled: Mapping[int, str]
 ) -> Verdict:
     """The ledger's verdict on batch ``row`` (its ``seq`` set), whose held rows repeat the first occurrences
-    ``firsts`` (their ids: :func:`own_ids`); ``settled`` maps the seq of batches settled earlier in this
+    ``firsts`` (their ids, as held rows tell them); ``settled`` maps the seq of batches settled earlier in this
     transaction to their new state."""
     seq = row["seq"]
     unfiltered = _unfiltered(conn, row)
@@ -185,17 +183,19 @@ def decide(
     return Verdict(taken={hit.row for hit in hits if state(hit) == BatchState.complete})
 
 
-def rejected_rows(conn: sa.Connection, batch_id: str) -> set[int]:
-    """The rows of a batch rejected so far."""
-    return set(conn.scalars(sa.select(rejects.c.row).where(rejects.c.batch_id == batch_id)))
-
-
-def forget_uncounted(conn: sa.Connection, row: Mapping[str, Any], uncounted: Mapping[int, IdKey]) -> None:
-    """Delete the ids batch ``row`` did not count (rows → their ids, :func:`own_ids`): of its rejected rows, those
-    whose id no kept row counts. Each is deleted by its whole key."""
+def forget_uncounted(conn: sa.Connection, row: Mapping[str, Any], kept: Iterable[int]) -> None:
+    """Delete the ids batch ``row`` did not count: those of its rejected first occurrences (each rejected row tells
+    its id's hash where it is one) but the ``kept``, whose id a held row counts. Each is deleted by its whole key."""
+    if row["id_key"] is None:
+        return
+    query = sa.select(rejects.c.row, rejects.c.id_hash).where(
+        rejects.c.batch_id == row["batch_id"], rejects.c.id_hash.is_not(None)
+    )
+    counted = set(kept)
     keys = [
         {"segment": row["id_segment"], "id_hash": id_hash, "batch_key": row["id_key"], "row": number}
-        for number, (id_hash, _) in sorted(uncounted.items())
+        for number, id_hash in conn.execute(query)
+        if number not in counted
     ]
     if keys:
         conn.execute(_DELETE_ID, keys)
@@ -244,19 +244,6 @@ def _marked(conn: sa.Connection, row: Mapping[str, Any]) -> set[int]:
     first occurrence that only a later row of its batch repeats was counted unchecked."""
     query = sa.select(held.c.row).where(held.c.batch_id == row["batch_id"], held.c.row == held.c.repeat_of)
     return set(conn.scalars(query))
-
-
-def own_ids(conn: sa.Connection, row: Mapping[str, Any], numbers: Iterable[int]) -> dict[int, IdKey]:
-    """Row → (hash, id) of batch ``row``'s recorded ids of rows ``numbers`` (first occurrences; others have none),
-    read in one pass over its segment (a pass per so many rows)."""
-    columns = ledger_ids.c.row, ledger_ids.c.id_hash, ledger_ids.c.transaction_id
-    query = _ids_of(row["id_segment"], row["id_key"], *columns)
-    found = {}
-    for chunk in chunks(sorted(numbers), _SCAN_ROWS):
-        found.update(
-            {r.row: (r.id_hash, r.transaction_id) for r in conn.execute(query.where(ledger_ids.c.row.in_(chunk)))}
-        )
-    return found
 
 
 def _segments(conn: sa.Connection) -> list[int]:

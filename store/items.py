@@ -13,7 +13,7 @@ import pyarrow as pa
 import sqlalchemy as sa
 
 from shared.rules.duplicates import keep_first
-from shared.rules.schemas import PARTIAL_SCHEMA, REJECT_SCHEMA
+from shared.rules.schemas import PARTIAL_SCHEMA, REJECTED_SCHEMA
 
 from .batches import count
 from .schema import aggregates, held, partials, rejects, work_items
@@ -57,7 +57,7 @@ def forget_counts(conn: sa.Connection, row: dict[str, Any]) -> None:
 
 
 def insert_rejects(conn: sa.Connection, tables: Iterable[tuple[str, pa.Table]]) -> None:
-    """Record rejected rows (``REJECT_SCHEMA`` tables, by batch)."""
+    """Record rejected rows (``REJECTED_SCHEMA`` tables, by batch)."""
     records = (
         {"batch_id": batch_id, **record} for batch_id, table in tables if table.num_rows for record in table.to_pylist()
     )
@@ -77,9 +77,10 @@ def insert_held(conn: sa.Connection, tables: Iterable[tuple[str, pa.Table]]) -> 
         conn.execute(sa.insert(held), chunk)
 
 
-def held_firsts(conn: sa.Connection, batch_id: str) -> list[int]:
-    """The first occurrences (rows) a batch's held rows repeat."""
-    return list(conn.scalars(sa.select(held.c.repeat_of).where(held.c.batch_id == batch_id).distinct()))
+def held_firsts(conn: sa.Connection, batch_id: str) -> dict[int, tuple[int, str]]:
+    """The first occurrences (rows) a batch's held rows repeat, each with its id's hash and the id (a held row's)."""
+    query = sa.select(held.c.repeat_of, held.c.id_hash, held.c.transaction_id).where(held.c.batch_id == batch_id)
+    return {r.repeat_of: (r.id_hash, r.transaction_id) for r in conn.execute(query)}
 
 
 def resolve_held(conn: sa.Connection, row: dict[str, Any], taken: set[int]) -> tuple[pa.Table, list[int]]:
@@ -98,12 +99,17 @@ def resolve_held(conn: sa.Connection, row: dict[str, Any], taken: set[int]) -> t
         number for chunk in chunks(firsts, CHUNK) for number in conn.scalars(query.where(rejects.c.row.in_(chunk)))
     ]
     kept = keep_first(numbers, repeat_of, np.array(rejected, np.int64), np.isin(repeat_of, list(taken)))
-    duplicates = [
-        {"row": record["row"], "reason": "duplicate_transaction_id", "raw": record["raw"]}
+    duplicates = [  # a candidate, its own first occurrence, keeps its id's hash: the ledger recorded that id
+        {
+            "row": record["row"],
+            "reason": "duplicate_transaction_id",
+            "raw": record["raw"],
+            "id_hash": record["id_hash"] if record["row"] == record["repeat_of"] else None,
+        }
         for record, keep in zip(found, kept, strict=True)
         if not keep
     ]
-    insert_rejects(conn, [(batch_id, pa.Table.from_pylist(duplicates, schema=REJECT_SCHEMA))])
+    insert_rejects(conn, [(batch_id, pa.Table.from_pylist(duplicates, schema=REJECTED_SCHEMA))])
     conn.execute(sa.delete(held).where(held.c.batch_id == batch_id))
     count(row, int(kept.sum()), len(duplicates))
     counted = [

@@ -258,11 +258,14 @@ rejects = sa.Table(
     sa.Column("row", sa.BigInteger, primary_key=True, autoincrement=False),
     sa.Column("reason", sa.String(64), nullable=False),
     sa.Column("raw", sa.Text, nullable=False),
+    # The hash of the row's id where the row is its id's first occurrence: the ledger recorded that id until the
+    # batch completes, and takes it out then if no later row counts it (store.ids).
+    sa.Column("id_hash", sa.BigInteger, nullable=True),
 )
 
 #: Rows of a batch held until it completes: otherwise valid, their transaction id repeats an earlier row's
 #: (``repeat_of``); then the first of each id is counted if that earlier row was rejected, the others rejected
-#: as duplicates (``shared.rules.duplicates``). Each with its own amounts and its raw row.
+#: as duplicates (``shared.rules.duplicates``). Each with its own amounts, its raw row, and its id.
 held = sa.Table(
     "held",
     metadata,
@@ -270,6 +273,8 @@ held = sa.Table(
     sa.Column("row", sa.BigInteger, primary_key=True, autoincrement=False),
     sa.Column("repeat_of", sa.BigInteger, nullable=False),
     sa.Column("raw", sa.Text, nullable=False),
+    sa.Column("transaction_id", sa.Text, nullable=False),  # stripped, as the ledger keeps it, and its hash
+    sa.Column("id_hash", sa.BigInteger, nullable=False),
     sa.Column("account_id", sa.String(64), nullable=False),
     sa.Column("product", sa.String(255), nullable=False),
     sa.Column("billing_day", sa.Date, nullable=False),

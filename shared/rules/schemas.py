@@ -23,10 +23,24 @@ PARTIAL_SCHEMA = pa.schema(
 #: Rejected rows: 1-based data row number, stable reason code, the raw row as JSON text.
 REJECT_SCHEMA = pa.schema([("row", pa.int64()), ("reason", pa.string()), ("raw", pa.string())])
 
+#: A work item's rejected rows as its results carry them: ``REJECT_SCHEMA`` and, for a row that is its id's first
+#: occurrence in the batch (the ledger records its id until the batch completes), the id's hash; null otherwise.
+REJECTED_SCHEMA = pa.schema([*REJECT_SCHEMA, ("id_hash", pa.int64())])
+
 #: Otherwise valid rows whose transaction id repeats an earlier row's (see :mod:`shared.rules.duplicates`),
 #: each rated on its own and held until every row of the batch is validated: the 1-based data row
-#: number, that of the id's first occurrence, the raw row, and the row's partial aggregates.
-HELD_SCHEMA = pa.schema([("row", pa.int64()), ("repeat_of", pa.int64()), ("raw", pa.string()), *PARTIAL_SCHEMA])
+#: number, that of the id's first occurrence, the raw row, its id (stripped) and the id's hash as the ledger keeps
+#: it, and the row's partial aggregates.
+HELD_SCHEMA = pa.schema(
+    [
+        ("row", pa.int64()),
+        ("repeat_of", pa.int64()),
+        ("raw", pa.string()),
+        ("transaction_id", pa.string()),
+        ("id_hash", pa.int64()),
+        *PARTIAL_SCHEMA,
+    ]
+)
 
 #: A batch's transaction ids for the ledger: each id's first occurrence (1-based data row), the id (stripped) and its
 #: 64-bit hash as the ledger keeps it (signed; :func:`shared.rules.duplicates.id_hashes`).

@@ -10,7 +10,8 @@ from typing import Any
 import pyarrow as pa
 
 from shared.protocol import Manifest, WorkItemResult
-from shared.rules.schemas import HELD_SCHEMA, PARTIAL_SCHEMA, REJECT_SCHEMA
+from shared.rules.duplicates import id_hashes
+from shared.rules.schemas import HELD_SCHEMA, PARTIAL_SCHEMA, REJECTED_SCHEMA
 from store import Store
 
 
@@ -48,8 +49,8 @@ def result(
     held: list[dict[str, Any]] | None = None,
 ) -> WorkItemResult:
     """A work item's result from partial rows (one default row if none; none at all when ``rejects`` or
-    ``held`` are given), its rejects (``REJECT_SCHEMA`` rows) and held rows (:func:`held_row`); its
-    transactions are the partial rows' unless given."""
+    ``held`` are given), its rejects (``REJECT_SCHEMA`` rows, and the hash of their id where given) and held rows
+    (:func:`held_row`); its transactions are the partial rows' unless given."""
     rows = rows or (() if rejects or held else (partial(),))
     table = pa.Table.from_pylist(list(rows), schema=PARTIAL_SCHEMA)
     count = sum(int(r["transactions"]) for r in rows) if transactions is None else transactions
@@ -58,14 +59,23 @@ def result(
         batch_id,
         count,
         table,
-        pa.Table.from_pylist(rejects or [], schema=REJECT_SCHEMA),
+        pa.Table.from_pylist([{"id_hash": None, **r} for r in rejects or []], schema=REJECTED_SCHEMA),
         pa.Table.from_pylist(held or [], schema=HELD_SCHEMA),
     )
 
 
 def held_row(row: int, repeat_of: int, account: str = "acct-1", **amounts: Any) -> dict[str, Any]:
-    """An otherwise valid row that repeats the id of row ``repeat_of``, rated on its own (see :func:`partial`)."""
-    return {"row": row, "repeat_of": repeat_of, "raw": f'{{"row": {row}}}', **partial(account, **amounts)}
+    """An otherwise valid row that repeats the id of row ``repeat_of`` (``t<repeat_of>``), rated on its own (see
+    :func:`partial`)."""
+    transaction_id = f"t{repeat_of}"
+    return {
+        "row": row,
+        "repeat_of": repeat_of,
+        "raw": f'{{"row": {row}}}',
+        "transaction_id": transaction_id,
+        "id_hash": int(id_hashes(pa.array([transaction_id]))[0]),
+        **partial(account, **amounts),
+    }
 
 
 def manifest(
