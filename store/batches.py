@@ -214,6 +214,19 @@ def update_batch(conn: sa.Connection, row: dict[str, Any], now: datetime) -> Non
     conn.execute(_UPDATE_BATCH, {**values, "row_batch_id": row["batch_id"]})
 
 
+def waiting_batches(conn: sa.Connection) -> list[str]:
+    """Batches whose work items are all recorded but that are not complete: those waiting for an earlier one."""
+    query = sa.select(batches.c.batch_id).where(
+        batches.c.state == BatchState.processing.value,
+        batches.c.work_items.is_not(None),
+        batches.c.refused_reason.is_(None),
+        batches.c.poisoned_items == 0,
+        batches.c.completed_items >= batches.c.work_items,
+        batches.c.id_parts_recorded >= batches.c.id_parts,
+    )
+    return list(conn.scalars(query))
+
+
 def accounted(engine: sa.Engine, batch_ids: Iterable[str]) -> set[str]:
     """Those of ``batch_ids`` the store accounts for: their manifest is recorded (accepted or refused), so the
     initiator took their request and finished with their file."""

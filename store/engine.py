@@ -11,12 +11,14 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
-from azure.core.credentials import TokenCredential
 
 from shared.errors import ConfigurationError, InfrastructureError
+
+if TYPE_CHECKING:
+    from azure.core.credentials import TokenCredential
 
 #: Azure Database for PostgreSQL server names; their Microsoft Entra login takes a token for this scope.
 AZURE_POSTGRES = ".postgres.database.azure.com"

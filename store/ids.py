@@ -144,19 +144,6 @@ def _sqlite_insert_sql(segment: int, key: int, ids: int) -> str:
     return f"INSERT OR IGNORE INTO ledger_ids ({_COLUMNS}) VALUES " + ", ".join([one] * ids)
 
 
-def waiting_batches(conn: sa.Connection) -> list[str]:
-    """Batches whose work items are all recorded but that are not complete: those waiting for an earlier one."""
-    query = sa.select(batches.c.batch_id).where(
-        batches.c.state == BatchState.processing.value,
-        batches.c.work_items.is_not(None),
-        batches.c.refused_reason.is_(None),
-        batches.c.poisoned_items == 0,
-        batches.c.completed_items >= batches.c.work_items,
-        batches.c.id_parts_recorded >= batches.c.id_parts,
-    )
-    return list(conn.scalars(query))
-
-
 def decide(
     conn: sa.Connection, row: Mapping[str, Any], firsts: Mapping[int, IdKey], settled: Mapping[int, str]
 ) -> Verdict:

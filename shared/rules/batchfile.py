@@ -267,7 +267,7 @@ class _CsvReader:
             return None
         columns = [column.combine_chunks() for column in table.columns]
         if not table.num_rows:
-            return self._table([pa.array([], pa.string())] * len(self._positions))
+            return self._table([pa.nulls(0, pa.string())] * len(self._positions))
         if np.any(_value_bytes(columns) > self._max_row_bytes):
             return None
         return self._table([columns[i] for i in self._positions])
@@ -605,7 +605,8 @@ def _table(arrays: Sequence[tuple[str, pa.Array]], done: int, raw: pa.Array | No
     sources = [(name, name if name in RAW_COLUMNS else f"raw.{i}") for i, (name, _) in enumerate(arrays)]
     extra = {column: array for (_, column), (_, array) in zip(sources, arrays, strict=True)}
     columns = {name: extra.pop(name, pa.nulls(rows, pa.string())) for name in RAW_COLUMNS}
-    columns["row"] = pa.array(np.arange(done + 1, done + rows + 1, dtype=np.int64))
+    numbers = np.arange(done + 1, done + rows + 1, dtype=np.int64)  # from its buffer: no pandas import, as pa.array
+    columns["row"] = pa.Array.from_buffers(pa.int64(), rows, [None, pa.py_buffer(numbers)])
     if raw is not None:
         return pa.table(columns | {"raw": raw})
     return pa.table(columns | extra, metadata={_RAW_KEY: json.dumps(sources)})

@@ -133,7 +133,7 @@ def test_the_rating_workers_preload_no_storage_client_or_settings() -> None:
 
 
 def test_the_controllers_first_apply_imports_nothing_once_it_warmed_up(tmp_path: Path) -> None:
-    """Once the controller has warmed up (``shared.protocol.warm_up``), recording a batch whole (its manifest,
+    """Once the controller has warmed up (``shared.protocol.warm_up``, ``Store.warm_up``), recording a batch whole (its manifest,
     an ids part, its results) imports no module: its first results do not wait on the SQL thread for an import.
     The messages are decoded from their bytes, as the controller gets them; the test builds them in its own process
     (building a table from Python objects imports pandas)."""
@@ -152,6 +152,7 @@ from shared.protocol import parse_ids, parse_manifest, parse_results, warm_up
 from store import Store
 warm_up()
 store = Store("sqlite:///{tmp_path / "store.db"}")
+store.warm_up()
 sent = json.loads(open({str(messages)!r}).read())
 manifest, part, results = (Envelope(kind, headers, base64.b64decode(payload)) for kind, headers, payload in sent)
 before = set(sys.modules)
