@@ -133,8 +133,9 @@ def test_the_rating_workers_preload_no_storage_client_or_settings() -> None:
 
 
 def test_the_controllers_first_apply_imports_nothing_once_it_warmed_up(tmp_path: Path) -> None:
-    """Once the controller has warmed up (``shared.protocol.warm_up``, ``Store.warm_up``), recording a batch whole (its manifest,
-    an ids part, its results) imports no module: its first results do not wait on the SQL thread for an import.
+    """Once the controller has warmed up (``shared.protocol.warm_up``, ``Store.warm_up``), recording a batch whole
+    (its manifest, an ids part, its results) imports no module: its first results do not wait on the SQL thread for
+    an import.
     The messages are decoded from their bytes, as the controller gets them; the test builds them in its own process
     (building a table from Python objects imports pandas)."""
     ids = pa.table({"row": [1, 2], "transaction_id": ["t-1", "t-2"], "id_hash": [11, 22]}, schema=IDS_SCHEMA)
