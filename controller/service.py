@@ -84,7 +84,8 @@ class Controller(Service):
         )
         self.listen(settings.results_queue, self.handle, poison=poison, max_tasks=1, prefetch=False)
         # Not on the SQL thread as results wait: the imports of the messages' and the store's first use.
-        self.repeat(None, functools.partial(asyncio.to_thread, lambda: (warm_up(), store.warm_up())))
+        self.repeat(None, functools.partial(asyncio.to_thread, warm_up))
+        self.repeat(None, functools.partial(asyncio.to_thread, store.warm_up))
         self.repeat(min(CLEAN_UP_INTERVAL, max(1.0, settings.claim_check_retention)), self.clean_up)
         if settings.unbilled_resend_age > 0:
             self.repeat(settings.unbilled_resend_age, self.resend_unbilled)

@@ -8,6 +8,7 @@ arrays they carry make vectorised validation and rating a simple index lookup.
 from __future__ import annotations
 
 import csv
+import functools
 import hashlib
 import io
 import re
@@ -62,7 +63,6 @@ class PriceBook:
     products: tuple[str, ...]
     prices: tuple[ProductPrice, ...]
     #: Derived columns aligned with ``products`` (for vectorised lookups).
-    product_array: pa.Array = field(init=False, repr=False, compare=False)
     currency: np.ndarray = field(init=False, repr=False, compare=False)  # object (str)
     digits: np.ndarray = field(init=False, repr=False, compare=False)  # int64
     unit_micro: np.ndarray = field(init=False, repr=False, compare=False)  # int64
@@ -72,7 +72,6 @@ class PriceBook:
     def __post_init__(self) -> None:
         p = self.prices
         derived = {
-            "product_array": pa.array(self.products, pa.string()),
             "currency": np.array([x.currency for x in p], dtype=object),
             "digits": np.array([x.digits for x in p], dtype=np.int64),
             "unit_micro": np.array([x.unit_price for x in p], dtype=np.int64),
@@ -84,6 +83,11 @@ class PriceBook:
         }
         for name, value in derived.items():
             object.__setattr__(self, name, value)
+
+    @functools.cached_property
+    def product_array(self) -> pa.Array:
+        """``products`` as an Arrow array (made when first rated with: from Python objects, Arrow imports pandas)."""
+        return pa.array(self.products, pa.string())
 
     def get(self, product: str) -> ProductPrice | None:
         """The prices of ``product``, or None if the book does not list it."""
@@ -100,12 +104,15 @@ class TaxTable:
     content_hash: str
     regions: tuple[str, ...]
     rates: tuple[int, ...]
-    region_array: pa.Array = field(init=False, repr=False, compare=False)
     rate_micro: np.ndarray = field(init=False, repr=False, compare=False)  # int64
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "region_array", pa.array(self.regions, pa.string()))
         object.__setattr__(self, "rate_micro", np.array(self.rates, dtype=np.int64))
+
+    @functools.cached_property
+    def region_array(self) -> pa.Array:
+        """``regions`` as an Arrow array (made when first rated with: from Python objects, Arrow imports pandas)."""
+        return pa.array(self.regions, pa.string())
 
     def rate(self, region: str) -> int | None:
         """The rate of ``region`` in micro-units, or None if the table does not list it."""
