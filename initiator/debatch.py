@@ -128,7 +128,13 @@ class Debatch:
         """Read a part (``head`` put before it, ``lines`` of the file before it): its rows, and those that
         repeat an id (``REPEATS_SCHEMA``). The ids are remembered only once the whole part is read."""
         chunks = list(
-            read_chunks(io.BytesIO(head + text), fmt, rows_before=self.rows, lines_before=lines - line_count(head))
+            read_chunks(
+                io.BytesIO(head + text),
+                fmt,
+                rows_before=self.rows,
+                lines_before=lines - line_count(head),
+                ids_only=True,  # the ids are all it needs of each row
+            )
         )
         repeats = []
         for chunk in chunks:

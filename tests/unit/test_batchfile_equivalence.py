@@ -1,5 +1,6 @@
 """The CSV reader's pyarrow path gives exactly what Python's csv module alone gives (``csv_fast=False``):
-the same chunks (every column, row numbers, ``raw``) and the same refusals, over generated CSV text."""
+the same chunks (every column, row numbers, ``raw``) and the same refusals, over generated CSV text; read for the
+ids alone (``ids_only``), the same ids and row numbers, and the same refusals."""
 
 from __future__ import annotations
 
@@ -86,6 +87,17 @@ def outcome(data: bytes, **options: Any) -> tuple[list[list[dict[str, Any]]], st
     return chunks, None
 
 
+def ids_outcome(data: bytes, **options: Any) -> tuple[list[list[dict[str, Any]]], str | None]:
+    """The ids and row numbers of the chunks read up to the refusal, if any, and its message."""
+    chunks: list[list[dict[str, Any]]] = []
+    try:
+        for chunk in read_chunks(io.BytesIO(data), "csv", **options):
+            chunks.append(chunk.select(["transaction_id", "row"]).to_pylist())
+    except FileRefused as exc:
+        return chunks, str(exc)
+    return chunks, None
+
+
 HEADER = ",".join(REQUIRED_COLUMNS) + "\n"
 
 
@@ -127,6 +139,7 @@ def test_fast_path_reads_as_csv_alone(
         csv.field_size_limit(max_row_bytes)
     try:
         assert outcome(data, **options) == outcome(data, csv_fast=False, **options)
+        assert ids_outcome(data, ids_only=True, **options) == ids_outcome(data, **options)
     finally:
         csv.field_size_limit(before)
 
