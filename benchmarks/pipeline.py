@@ -46,7 +46,7 @@ from shared.settings import Settings
 from store import BatchStatus, Store, reports
 
 from . import listener as listenbench
-from .cpu import tree_cpu_seconds
+from .cpu import Sampler, busy, tree_cpu_seconds
 
 Mode = Literal["optimised", "naive"]
 FileKind = Literal["clean", "messy"]
@@ -108,6 +108,7 @@ class PipelineRun:
     items_by_processor: list[int] = field(default_factory=list)  # work items each processor handled, in order
     totals: dict[str, dict[str, int]] = field(default_factory=dict)  # currency -> transactions, net, tax, total
     aggregates_sha256: str = ""  # of the batches' stored aggregates: equal for runs that billed the same
+    busy: list[dict[str, Any]] = field(default_factory=list)  # per span of the batch: the cores each role kept busy
 
 
 @dataclass(frozen=True)
@@ -181,14 +182,14 @@ def run_pipeline(
             ) as processes:
                 before = _settled(home, roles=2 + processors, timeout=settle)
                 cpu_before = _cpu(processes, stack)
-                waited = _submit_and_wait(settings, files, data_dir)
+                waited = _submit_and_wait(settings, files, data_dir, _roles(processes, stack))
                 with Store(settings.sql_url_value) as sql:
                     statuses = [sql.batch(batch_id) for batch_id in waited.batch_ids]
                     done = [status for status in statuses if status is not None and status.state == "complete"]
                     assert len(done) == batches, f"not every batch completed: {statuses}"
                     billed = _billed(sql, waited.batch_ids)
                 cpu = {role: seconds - cpu_before[role] for role, seconds in _cpu(processes, stack).items()}
-                cpu["client (billing submit)"] = waited.cpu_seconds
+                cpu[CLIENT] = waited.cpu_seconds
                 time.sleep(STATE_INTERVAL + 0.5)  # no stale state file shows the roles idle
                 _settled(home, roles=2 + processors, timeout=settle)  # the wake-ups' trailing polls count too
                 processor_pids = [process.pid for process in processes[1 : 1 + processors]]
@@ -237,6 +238,7 @@ def run_pipeline(
         items_by_processor=_items_by_processor(states, processor_pids),
         totals=billed.totals,
         aggregates_sha256=billed.digest,
+        busy=busy(waited.samples, _spans(_phases(done[0], waited.started), waited.seconds)),
     )
 
 
@@ -282,30 +284,69 @@ class _Waited:
     batch_ids: list[str]
     cpu_seconds: float
     requests: int  # as each client reported them
+    samples: list[tuple[float, dict[str, float]]]  # CPU seconds of each role by then, from the client's start
 
 
-def _submit_and_wait(settings: Settings, files: list[Path], data_dir: Path) -> _Waited:
-    """Run ``billing submit FILE... --wait`` for every file at once, as a user submits them together."""
+def _submit_and_wait(settings: Settings, files: list[Path], data_dir: Path, roles: Mapping[int, str]) -> _Waited:
+    """Run ``billing submit FILE... --wait`` for every file at once, as a user submits them together; the CPU of
+    ``roles`` (pid → role) and of the client sampled meanwhile."""
     references = ["--pricebook", str(data_dir / "pricebook.csv"), "--taxes", str(data_dir / "taxes.csv")]
     env = {**os.environ, **settings.as_env()}
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    started, clock = datetime.now(UTC), time.monotonic()
     command = [sys.executable, "-m", "billing", "submit", *map(str, files), "--wait", *references]
-    waited = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
-    seconds = time.monotonic() - clock
+    with Sampler() as sampler:
+        for pid, role in roles.items():
+            sampler.watch(role, pid)
+        started, clock = datetime.now(UTC), time.monotonic()
+        with subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as client:
+            sampler.watch(CLIENT, client.pid)
+            stdout, stderr = client.communicate()
+        seconds = time.monotonic() - clock
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    if waited.returncode != 0:
-        raise RuntimeError(f"billing submit --wait failed ({waited.returncode}): {waited.stderr[-2000:]}")
-    submitted = re.findall(r"^batch (\S+) submitted \(\w+; (\d+) storage requests\)", waited.stdout, re.MULTILINE)
+    if client.returncode != 0:
+        raise RuntimeError(f"billing submit --wait failed ({client.returncode}): {stderr[-2000:]}")
+    submitted = re.findall(r"^batch (\S+) submitted \(\w+; (\d+) storage requests\)", stdout, re.MULTILINE)
     if len(submitted) != len(files):
-        raise RuntimeError(f"billing submit printed {len(submitted)} batch ids for {len(files)} files: {waited.stdout}")
+        raise RuntimeError(f"billing submit printed {len(submitted)} batch ids for {len(files)} files: {stdout}")
     return _Waited(
         started=started,
         seconds=seconds,
         batch_ids=[batch_id for batch_id, _ in submitted],
         cpu_seconds=after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime,
         requests=sum(int(requests) for _, requests in submitted),
+        samples=[(at - (clock - sampler.began), cpu) for at, cpu in sampler.samples],
     )
+
+
+#: The client's name among the roles whose CPU the bench reports.
+CLIENT = "client (billing submit)"
+#: The spans of a batch the bench reports the busy cores of: from the phase before to the phase after (None: the
+#: start of `billing submit`, or its exit).
+SPANS = (
+    ("client starts, checks and hashes the file", None, "accepted_at"),
+    ("client uploads it", "accepted_at", "uploaded_at"),
+    ("initiator takes it, cuts its first item", "uploaded_at", "first_item_sent_at"),
+    ("initiator cuts, processors rate", "first_item_sent_at", "last_item_sent_at"),
+    ("last items rated and recorded", "last_item_sent_at", "completed_at"),
+    ("completion committed, seen by --wait", "completed_at", None),
+)
+
+
+def _spans(phases: Mapping[str, float], seconds: float) -> list[tuple[str, float, float]]:
+    """The :data:`SPANS` of a run, in seconds since `billing submit` started (``seconds``: when it exited)."""
+
+    def at(phase: str | None, otherwise: float) -> float:
+        return otherwise if phase is None else phases.get(phase, otherwise)
+
+    return [(label, at(begin, 0.0), at(end, seconds)) for label, begin, end in SPANS]
+
+
+def _roles(processes: list[subprocess.Popen[bytes]], stack: AzuriteStack) -> dict[int, str]:
+    """Pid → role of the role processes and of Azurite."""
+    roles = {
+        process.pid: str(process.args[-1] if isinstance(process.args, list) else process.args) for process in processes
+    }
+    return roles | ({stack.pid: "azurite"} if stack.pid else {})
 
 
 def _phases(status: BatchStatus, submitted: datetime) -> dict[str, float]:
@@ -453,6 +494,7 @@ def run_main(
     if others:
         console.print(_variants(main, main_runs + others))
     console.print(_capacity(main))
+    console.print(_busy(main))
     report = {
         "main": asdict(main),
         "main_runs": [asdict(r) for r in main_runs],
@@ -602,6 +644,23 @@ def _capacity(run: PipelineRun) -> Table:
     for role, figures in sorted(capacity(run).items(), key=lambda item: -item[1]["cpu_seconds_per_million"]):
         cores = [f"{figures[f'cores_at_{target}']:,.1f}" for target in CAPACITY_TARGETS]
         table.add_row(role, f"{run.cpu_seconds[role]:.1f}", f"{figures['cpu_seconds_per_million']:.2f}", *cores)
+    return table
+
+
+def _busy(run: PipelineRun) -> Table:
+    """The critical path: per span of the batch, the cores each role kept busy (1.0: one core all the time)."""
+    roles = sorted({role for span in run.busy for role in span["cores"]}, key=lambda r: -run.cpu_seconds.get(r, 0.0))
+    table = Table(title=f"Where the time went ({run.rows:,} transactions): cores busy per role, span by span")
+    table.add_column("span")
+    table.add_column("seconds", justify="right")
+    for role in roles:
+        table.add_column(role, justify="right")
+    table.add_column("busiest")
+    for span in run.busy:
+        cores = span["cores"]
+        busiest = max(cores, key=lambda role: cores[role]) if cores else ""
+        seconds = f"{span['from']:.1f}–{span['to']:.1f}"
+        table.add_row(span["span"], seconds, *(f"{cores.get(role, 0.0):.2f}" for role in roles), busiest)
     return table
 
 

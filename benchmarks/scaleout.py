@@ -8,7 +8,8 @@ Python starts (:func:`billing.demo.start_role`), so it reads the quota as its ow
 rating worker it starts stays inside. The groups are made under this process's own cgroup in the
 hierarchy that has the cpu controller (cgroup v2 ``cpu.max``, or v1 ``cpu.cfs_quota_us``) and removed
 afterwards; making them needs root. ``cap`` 0 runs the processors uncapped (no cgroup, no root), the
-curve of a machine with cores enough for every processor.
+curve of a machine with cores enough for every processor; ``workers_per_processor`` then gives each processor
+that many rating workers (``BILLING_CPU_WORKERS``), as a cap would give it by its quota.
 
 Every run goes through :func:`benchmarks.pipeline.run_pipeline` (a fresh Azurite and SQLite each): the
 curve is each processor count's median submit → complete, the speed-ups are against 1 processor, a run
@@ -59,6 +60,7 @@ class ScaleOutReport:
     file: FileKind
     store: StoreKind
     cpu_cap: float | None  # cores per processor (and its rating workers); None: uncapped
+    workers_per_processor: int | None  # rating workers each processor ran (None: as many as its cores)
     cgroup: str  # "v1" or "v2" with the directory the groups were made in; "none" when uncapped
     cores: int  # this machine's
     curve: dict[str, float]  # processors → the median run's submit → complete seconds
@@ -193,9 +195,11 @@ def measure(
     repeat: int = 1,
     file: FileKind,
     store: StoreKind,
+    workers_per_processor: int | None = None,
 ) -> ScaleOutReport:
     """Run ``rows`` rows through each processor count ``repeat`` times (counts in turn), each
-    processor capped at ``cap`` cores (0: uncapped)."""
+    processor capped at ``cap`` cores (0: uncapped) with ``workers_per_processor`` rating workers (None: its
+    cores' worth)."""
     hierarchy = cpu_hierarchy() if cap else None
     if cap:
         with cpu_groups(1, cap):  # fails here, before any run, where none can be made
@@ -206,7 +210,9 @@ def measure(
         for count in processors:
             what = f"{rows:,} transactions, {count} processor{'s' if count > 1 else ''}"
             with console.status(f"{what}{f', {cap:g} cores each' if cap else ''}, run {attempt + 1} of {repeat}"):
-                run_, held = _run(rows, count, cap, data_dir=data_dir, console=console, file=file, store=store)
+                run_, held = _run(
+                    rows, count, cap, workers_per_processor, data_dir=data_dir, console=console, file=file, store=store
+                )
             runs.append(run_)
             throttled.append(held)
             console.print(
@@ -220,6 +226,7 @@ def measure(
         file=file,
         store=store,
         cpu_cap=cap or None,
+        workers_per_processor=workers_per_processor,
         cgroup=f"{hierarchy.version} {hierarchy.directory}" if hierarchy else "none",
         cores=os.cpu_count() or 1,
         curve={str(n): r.submit_to_complete_seconds for n, r in medians.items()},
@@ -239,12 +246,23 @@ def measure(
 
 
 def _run(
-    rows: int, count: int, cap: float, *, data_dir: Path, console: Console, file: FileKind, store: StoreKind
+    rows: int,
+    count: int,
+    cap: float,
+    workers: int | None,
+    *,
+    data_dir: Path,
+    console: Console,
+    file: FileKind,
+    store: StoreKind,
 ) -> tuple[PipelineRun, list[float]]:
-    """One run with ``count`` processors, each in a group of its own capped at ``cap`` cores (0: none),
-    and how long each group's quota held its processor back."""
+    """One run with ``count`` processors, each in a group of its own capped at ``cap`` cores (0: none) with
+    ``workers`` rating workers (None: as its cores allow), and how long each group's quota held its processor back."""
+    overrides = {} if workers is None else {"cpu_workers": workers}
     if not cap:
-        run_ = run_pipeline(rows, data_dir=data_dir, console=console, processors=count, file=file, store=store)
+        run_ = run_pipeline(
+            rows, data_dir=data_dir, console=console, processors=count, file=file, store=store, overrides=overrides
+        )
         return run_, []
     with cpu_groups(count, cap) as groups:
         run_ = run_pipeline(
@@ -257,6 +275,7 @@ def _run(
             processor_cgroups=groups,
             cpu_cap=cap,
             settle_seconds=SETTLE_SECONDS,
+            overrides=overrides,
         )
         return run_, [round(_throttled_seconds(group), 2) for group in groups]
 
@@ -272,6 +291,7 @@ def run(
     repeat: int = 1,
     file: FileKind,
     store: StoreKind,
+    workers_per_processor: int | None = None,
 ) -> ScaleOutReport:
     """Measure, print the curve, write ``output`` (JSON) and its chart (PNG beside it)."""
     started = time.monotonic()
@@ -284,6 +304,7 @@ def run(
         repeat=repeat,
         file=file,
         store=store,
+        workers_per_processor=workers_per_processor,
     )
     console.print(_table(report))
     output.parent.mkdir(parents=True, exist_ok=True)
@@ -296,6 +317,8 @@ def run(
 
 def _table(report: ScaleOutReport) -> Table:
     capped = f"each capped at {report.cpu_cap:g} cores" if report.cpu_cap else "uncapped"
+    if report.workers_per_processor:
+        capped += f", {report.workers_per_processor} rating workers each"
     table = Table(
         title=f"Scale-out: {report.rows:,} transactions ({report.file} file, Azurite {report.store}), "
         f"processors {capped}, {report.cores} cores here"

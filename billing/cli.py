@@ -577,6 +577,11 @@ def soak_command(minutes: float, store: Any, seed: int, min_batches: int, output
     show_default=True,
     help="With --scale-out: cores each processor and its rating workers may use (0: uncapped).",
 )
+@click.option(
+    "--workers-per-processor",
+    type=click.IntRange(min=1),
+    help="With --scale-out: rating workers each processor runs (default: as many as its cores; no cgroup needed).",
+)
 def bench_command(
     rows: int,
     compare_rows: int,
@@ -593,6 +598,7 @@ def bench_command(
     scale_out: bool,
     processors: str,
     cap: float,
+    workers_per_processor: int | None,
 ) -> None:
     """Measure the pipeline against the naive design: submit → complete, throughput, CPU per role,
     requests, idle cost, memory (JSON + PNG charts). The large batch's headline is --file on --store
@@ -616,6 +622,7 @@ def bench_command(
                 repeat=repeat or 1,
                 file=file_kind,
                 store=store,
+                workers_per_processor=workers_per_processor,
             )
         except scaleout.CgroupUnavailable as exc:
             raise click.ClickException(str(exc)) from None
