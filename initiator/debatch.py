@@ -67,8 +67,8 @@ class Debatch:
         self.rows = self.work_items = 0
 
     def ids(self) -> pa.Table:
-        """Each first occurrence's row, transaction id and hash (``IDS_SCHEMA``), in file order: those not taken as
-        a part (:meth:`take_ids`)."""
+        """Each first occurrence's row and transaction id (``IDS_SCHEMA``), in file order: those not taken as a
+        part (:meth:`take_ids`)."""
         return pa.concat_tables(self._ids) if self._ids else IDS_SCHEMA.empty_table()
 
     def take_ids(self, at_least: int) -> pa.Table | None:
@@ -178,9 +178,8 @@ class Debatch:
         repeat_of = self._first.repeat_of(ids, rows, hashes=every_hash)
         present = pc.fill_null(pc.greater(pc.binary_length(ids), 0), False).to_numpy(zero_copy_only=False)
         first = np.flatnonzero((repeat_of == 0) & present)
+        self._ids.append(pa.table([pa.array(rows[first]), ids.take(pa.array(first))], schema=IDS_SCHEMA))
         hashes = every_hash[first]
-        of_ids = [pa.array(rows[first]), ids.take(pa.array(first)), pa.array(hashes.view(np.int64))]
-        self._ids.append(pa.table(of_ids, schema=IDS_SCHEMA))
         self._hashes.append(hashes)
         if self._ledger is not None:
             held = first[self._ledger.might_contain(hashes)]

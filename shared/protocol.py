@@ -36,13 +36,13 @@ T = TypeVar("T")
 _log = logging.getLogger(__name__)
 
 
-def encode_table(table: pa.Table, *, dictionary: Sequence[str] | None = None, level: int = 3) -> bytes:
-    """Serialise a table densely: Parquet, zstd at ``level``, the text columns worth it dictionary-encoded (denser
-    than Arrow IPC, so more transactions fit a 64 KiB queue message). ``dictionary`` names those columns where the
-    caller knows them (distinct ids need none); otherwise they are counted."""
+def encode_table(table: pa.Table, *, dictionary: Sequence[str] | None = None) -> bytes:
+    """Serialise a table densely: Parquet, zstd, the text columns worth it dictionary-encoded (denser than Arrow
+    IPC, so more transactions fit a 64 KiB queue message). ``dictionary`` names those columns where the caller
+    knows them (distinct ids need none); otherwise they are counted."""
     sink = pa.BufferOutputStream()
     columns = _repetitive(table) if dictionary is None else list(dictionary)
-    pq.write_table(table, sink, compression="zstd", compression_level=level, use_dictionary=columns)
+    pq.write_table(table, sink, compression="zstd", compression_level=3, use_dictionary=columns)
     encoded: bytes = sink.getvalue().to_pybytes()
     return encoded
 
@@ -340,9 +340,8 @@ def ids_envelope(part: IdsPart) -> Envelope:
 
 
 def _encode_ids(ids: pa.Table) -> bytes:
-    """Ids (``IDS_SCHEMA``) encoded: first occurrences, distinct, so no column is worth a dictionary (none counted),
-    and hashes, which no level compresses (the fastest level)."""
-    return encode_table(ids, dictionary=(), level=1)
+    """Ids (``IDS_SCHEMA``) encoded: first occurrences, distinct, so no column is worth a dictionary (none counted)."""
+    return encode_table(ids, dictionary=())
 
 
 def parse_ids(envelope: Envelope) -> IdsPart:

@@ -3,13 +3,13 @@
 across batches").
 
 - **Where they live.** ``ledger_ids`` keeps, per batch, each id's first occurrence: recorded as the initiator
-  cuts the file (its ids parts, :func:`record_parts`, then the rest with the manifest; :func:`record_ids`; each
-  with its hash, made as the initiator read it), so that little is left to record when the last work item is
-  rated. They go into the *segment* of :data:`SEGMENT_ROWS` ids that was current at the batch's first ids (the
-  key starts with it, so a batch's inserts stay in one part of the index however large the ledger), sorted by
-  hash, under the batch's key (``id_key``, given then: its seq comes only with its manifest). A batch completes
-  once all its parts are recorded; then the ids it did not count are deleted (:func:`forget_uncounted`); a void
-  or a refusal deletes all of them (:mod:`store.ledger`, :func:`release`).
+  cuts the file (its ids parts, :func:`record_parts`, then the rest with the manifest; :func:`record_ids`), so
+  that little is left to record when the last work item is rated. They go into the *segment* of
+  :data:`SEGMENT_ROWS` ids that was current at the batch's first ids (the key starts with it, so a batch's
+  inserts stay in one part of the index however large the ledger), sorted by hash, under the batch's key
+  (``id_key``, given then: its seq comes only with its manifest). A batch completes once all its parts are
+  recorded; then the ids it did not count are deleted (:func:`forget_uncounted`); a void or a refusal deletes
+  all of them (:mod:`store.ledger`, :func:`release`).
 - **Who is checked.** The initiator marks the first occurrences the id filter may hold; they are held and
   decided here, exactly, against every earlier batch (:func:`decide`): an id counted in a complete earlier
   batch is taken; one in an earlier batch still running makes this batch wait for it.
@@ -29,6 +29,8 @@ import numpy as np
 import pyarrow as pa
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
+
+from shared.rules.duplicates import id_hashes
 
 from .batches import SETTLED, BatchState
 from .items import CHUNK, chunks
@@ -89,8 +91,8 @@ def record_parts(conn: sa.Connection, rows: Mapping[str, dict[str, Any]], parts:
 
 
 def record_ids(conn: sa.Connection, row: dict[str, Any], ids: pa.Table | None) -> None:
-    """Record ids (``IDS_SCHEMA``: row, id, hash) of batch ``row`` in hash order, in its segment under its key (both
-    given to the batch with its first ids)."""
+    """Record ids (``IDS_SCHEMA``) of batch ``row`` in hash order, in its segment under its key (both given to the
+    batch with its first ids)."""
     if ids is None or not ids.num_rows:
         return
     if row["id_key"] is None:
@@ -98,8 +100,8 @@ def record_ids(conn: sa.Connection, row: dict[str, Any], ids: pa.Table | None) -
     counted = take_numbers(conn, IDS, ids.num_rows)
     if row["id_segment"] is None:
         row["id_segment"] = (counted - 1) // SEGMENT_ROWS
-    hashes, numbers = (ids[name].to_numpy() for name in ("id_hash", "row"))
-    insert_ids(conn, row["id_segment"], row["id_key"], hashes, numbers, ids["transaction_id"])
+    texts = ids["transaction_id"]
+    insert_ids(conn, row["id_segment"], row["id_key"], id_hashes(texts), ids["row"].to_numpy(), texts)
 
 
 def insert_ids(

@@ -42,6 +42,5 @@ HELD_SCHEMA = pa.schema(
     ]
 )
 
-#: A batch's transaction ids for the ledger: each id's first occurrence (1-based data row), the id (stripped) and its
-#: 64-bit hash as the ledger keeps it (signed; :func:`shared.rules.duplicates.id_hashes`).
-IDS_SCHEMA = pa.schema([("row", pa.int64()), ("transaction_id", pa.string()), ("id_hash", pa.int64())])
+#: A batch's transaction ids for the ledger: each id's first occurrence (1-based data row) and the id, stripped.
+IDS_SCHEMA = pa.schema([("row", pa.int64()), ("transaction_id", pa.string())])

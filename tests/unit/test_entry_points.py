@@ -138,7 +138,7 @@ def test_the_controllers_first_apply_imports_nothing_once_it_warmed_up(tmp_path:
     an import.
     The messages are decoded from their bytes, as the controller gets them; the test builds them in its own process
     (building a table from Python objects imports pandas)."""
-    ids = pa.table({"row": [1, 2], "transaction_id": ["t-1", "t-2"], "id_hash": [11, 22]}, schema=IDS_SCHEMA)
+    ids = pa.table({"row": [1, 2], "transaction_id": ["t-1", "t-2"]}, schema=IDS_SCHEMA)
     envelopes = [
         manifest_envelope(replace(manifest("b1", rows=2), id_parts=1)),
         ids_envelope(IdsPart("b1", 0, ids)),
