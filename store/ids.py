@@ -100,21 +100,26 @@ def record_ids(conn: sa.Connection, row: dict[str, Any], ids: pa.Table | None) -
     counted = take_numbers(conn, IDS, ids.num_rows)
     if row["id_segment"] is None:
         row["id_segment"] = (counted - 1) // SEGMENT_ROWS
-    texts = ids["transaction_id"]
+    texts = ids["transaction_id"].to_numpy(zero_copy_only=False)  # Python strings, hashed and bound
     insert_ids(conn, row["id_segment"], row["id_key"], id_hashes(texts), ids["row"].to_numpy(), texts)
 
 
 def insert_ids(
-    conn: sa.Connection, segment: int, key: int, hashes: np.ndarray, rows: np.ndarray, ids: pa.Array | pa.ChunkedArray
+    conn: sa.Connection,
+    segment: int,
+    key: int,
+    hashes: np.ndarray,
+    rows: np.ndarray,
+    ids: pa.Array | pa.ChunkedArray | np.ndarray,
 ) -> None:
     """Insert ids of the batch of ``key`` (each with its row there) into ``segment``, sorted by hash first (also
     the benchmark's bulk load). An id already recorded for its batch and row is left as it is: the ids of a row
     never change, so one recorded twice (a part cut again by an initiator that took the batch over) is the same."""
     order = np.argsort(hashes, kind="stable")
-    texts = ids.take(pa.array(order))
+    texts = (ids if isinstance(ids, np.ndarray) else ids.to_numpy(zero_copy_only=False))[order]
     for start in range(0, len(order), _INSERT_ROWS):
         at = order[start : start + _INSERT_ROWS]
-        of_ids = hashes[at].tolist(), rows[at].tolist(), texts[start : start + _INSERT_ROWS].to_pylist()
+        of_ids = hashes[at].tolist(), rows[at].tolist(), texts[start : start + _INSERT_ROWS].tolist()
         if conn.dialect.name == "postgresql":
             arrays = dict(zip(_COLUMNS_OF_ID, of_ids, strict=True))
             conn.execute(_PG_INSERT, {"segment": segment, "batch_key": key, **arrays})

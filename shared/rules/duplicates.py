@@ -169,12 +169,13 @@ def _empty_run(size: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return np.empty(size, dtype=np.uint64), np.empty(size, dtype=np.uint32), np.empty(size, dtype=np.uint32)
 
 
-def id_hashes(ids: pa.Array | pa.ChunkedArray) -> np.ndarray:
+def id_hashes(ids: pa.Array | pa.ChunkedArray | np.ndarray) -> np.ndarray:
     """Each id's signed 64-bit hash as the ledger keeps it (:meth:`FirstOccurrences.hash64`, what the id filter
-    holds); a slice of ids at a time, so that only so many Python strings exist at once."""
+    holds); ids given in Arrow are made Python strings a slice at a time, so that only so many exist at once."""
     parts = [np.empty(0, np.uint64)]
     for start in range(0, len(ids), _HASH_SLICE):
-        parts.append(FirstOccurrences.hash64(ids[start : start + _HASH_SLICE].to_numpy(zero_copy_only=False)))
+        part = ids[start : start + _HASH_SLICE]
+        parts.append(FirstOccurrences.hash64(part if isinstance(part, np.ndarray) else part.to_numpy(False)))
     return np.concatenate(parts).view(np.int64)
 
 
