@@ -58,11 +58,11 @@ def test_persistent_data_survives_a_restart_on_fixed_ports(tmp_path: Path) -> No
         state = json.loads((tmp_path / "azurite.json").read_text())
         QueueClient.from_connection_string(connection, "kept").create_queue()
         stack.stop()
-        restarted = AzuriteStack(home=tmp_path, blob_port=state["blob_port"], queue_port=state["queue_port"])
-        assert restarted.start() == connection
+        stack = AzuriteStack(home=tmp_path, blob_port=state["blob_port"], queue_port=state["queue_port"])
+        assert stack.start() == connection
         assert QueueClient.from_connection_string(connection, "kept").get_queue_properties().name == "kept"
     finally:
-        stack.stop()
+        stack.stop()  # the one that started it last: it reaps its process
     assert (tmp_path / "azurite").is_dir()
 
 

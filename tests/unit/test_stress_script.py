@@ -49,17 +49,19 @@ def start(tmp_path: Path) -> tuple[subprocess.Popen[str], list[int]]:
 
 def test_the_loops_spin_while_pytest_runs_and_stop_with_it(tmp_path: Path) -> None:
     script, pids = start(tmp_path)
-    assert len(pids) == 2 and all(running(pid) for pid in pids)
-    (tmp_path / "hold").unlink()
-    assert script.wait(timeout=60) == 0, "the exit status is pytest's"
-    assert not any(running(pid) for pid in pids)
+    with script:  # its output pipe closed as it ends
+        assert len(pids) == 2 and all(running(pid) for pid in pids)
+        (tmp_path / "hold").unlink()
+        assert script.wait(timeout=60) == 0, "the exit status is pytest's"
+        assert not any(running(pid) for pid in pids)
 
 
 def test_the_loops_die_with_the_script_when_it_is_killed(tmp_path: Path) -> None:
     script, pids = start(tmp_path)
-    os.kill(script.pid, signal.SIGKILL)
-    script.wait()
-    try:
-        assert wait_until(lambda: not any(running(pid) for pid in pids), 10), "orphaned busy loops"
-    finally:
-        (tmp_path / "hold").unlink(missing_ok=True)  # the orphaned pytest ends too
+    with script:  # its output pipe closed as it ends
+        os.kill(script.pid, signal.SIGKILL)
+        script.wait()
+        try:
+            assert wait_until(lambda: not any(running(pid) for pid in pids), 10), "orphaned busy loops"
+        finally:
+            (tmp_path / "hold").unlink(missing_ok=True)  # the orphaned pytest ends too
