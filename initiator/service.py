@@ -149,7 +149,7 @@ class Initiator(Service):
                 raise
             log.warning("batch %s refused: %s", request.batch_id, exc)
             return await self._report(request, None, phases, refused=str(exc))
-        merged = await self.ledger.merge(debatch.hashes())
+        merged = await self.ledger.merge(request.batch_id, debatch.hashes())
         return await self._report(request, debatch, phases, serials=(marked, merged))
 
     @asynccontextmanager

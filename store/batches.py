@@ -196,9 +196,10 @@ def next_state(row: Mapping[str, Any]) -> BatchState | None:
 
 
 def _accounted(row: Mapping[str, Any]) -> bool:
-    """Whether the manifest, every work item and every ids part (:mod:`store.ids`) of a batch are recorded."""
+    """Whether the manifest, every work item and every ids part (:mod:`store.ids`) of a batch are recorded, and the
+    batch numbered (:func:`store.ledger.number_batches`)."""
     items = row["work_items"] is not None and row["completed_items"] + row["poisoned_items"] >= row["work_items"]
-    return items and row["id_parts_recorded"] >= row["id_parts"]
+    return items and row["id_parts_recorded"] >= row["id_parts"] and row["seq"] is not None
 
 
 def settle(row: dict[str, Any], state: BatchState, now: datetime) -> None:

@@ -1,11 +1,13 @@
 """The ledger across batches: sequence numbers in acceptance order, and voided batches.
 
-- **Sequence numbers.** A batch is numbered when the controller records its manifest, in the same
-  transaction, from the gap-free counter ``batch_seq`` (table ``counters``): 1, 2, 3, … in the order the
-  manifests are recorded (within one transaction in the order their ids went into the id filter, then by
-  acceptance time, then id); a refused batch gets none.
-  The counter's row is updated before it is read, so concurrent transactions take numbers one after the
-  other (PostgreSQL's row lock; SQLite's ``BEGIN IMMEDIATE``) and a rolled back one gives its numbers back.
+- **Sequence numbers.** A batch is numbered from the gap-free counter ``batch_seq`` (table ``counters``): 1, 2, 3,
+  … in the order the initiators merged the batches' ids into the id filter (each merge has the filter's next
+  serial, the manifest's ``id_serial``), whatever order their manifests arrive in: a batch whose manifest came
+  before that of an earlier merge waits, unnumbered, until that one is recorded (counter ``batch_merges``: every
+  merge up to it is numbered). A batch cut without the filter is numbered as its manifest is recorded; a refused
+  batch gets none. The counters' rows are updated before they are read, so concurrent transactions take numbers
+  one after the other (PostgreSQL's row lock; SQLite's ``BEGIN IMMEDIATE``) and a rolled back one gives its
+  numbers back.
 - **Voiding** (:func:`void`): a ``complete`` batch is marked voided and its transaction ids are released for
   later batches (:mod:`store.ids`). Its aggregates stay stored, but it counts nowhere any more
   (:mod:`store.queries` leaves it out of every report, query and invoice). An unknown,
@@ -35,6 +37,8 @@ from .schema import aggregates, batches, closed_periods, counters, late_rows, le
 
 #: The counter of batch sequence numbers.
 BATCH_SEQ = "batch_seq"
+#: The counter of merges numbered: every batch whose merge serial is at most it has its sequence number.
+BATCH_MERGES = "batch_merges"
 #: PostgreSQL advisory lock key of closes ("ledg"): exclusive in a close, shared in a batch's completion.
 CLOSE_LOCK = 0x6C656467
 
@@ -60,24 +64,47 @@ def take_numbers(conn: sa.Connection, counter: str, count: int) -> int:
 
 
 def number_batches(conn: sa.Connection, rows: Iterable[dict[str, Any]]) -> None:
-    """Give each batch row (just accepted: its manifest recorded, not refused) the next sequence numbers, in
-    the order the initiators merged their ids into the id filter (:mod:`store.ids`), then in acceptance order
-    (then by id)."""
-    accepted = sorted(
-        rows,
-        key=lambda row: (
-            row.get("id_serial") is None,
-            row.get("id_serial") or 0,
-            row["accepted_at"] is None,
-            row["accepted_at"] or 0,
-            row["batch_id"],
-        ),
+    """Give the batch rows that can be numbered now (accepted: manifest recorded, not refused; no seq yet) the next
+    sequence numbers: those cut without the id filter at once, in acceptance order (then by id); the others in the
+    order of their merges, each only once every earlier merge is numbered (:data:`BATCH_MERGES`)."""
+    waiting = [row for row in rows if row["seq"] is None and row["work_items"] is not None]
+    waiting = [row for row in waiting if row["refused_reason"] is None]
+    numbered = sorted(
+        (row for row in waiting if row["id_serial"] is None),
+        key=lambda row: (row["accepted_at"] is None, row["accepted_at"] or 0, row["batch_id"]),
     )
-    if not accepted:
-        return
-    first = take_numbers(conn, BATCH_SEQ, len(accepted))
-    for offset, row in enumerate(accepted):
-        row["seq"] = first + offset
+    merged = sorted((row for row in waiting if row["id_serial"] is not None), key=lambda row: row["id_serial"])
+    if merged:
+        done = _merges_numbered(conn, merged[0]["id_serial"])
+        for row in merged:
+            if row["id_serial"] > done + 1:
+                break  # an earlier merge's manifest has not come yet
+            numbered.append(row)
+            done = max(done, row["id_serial"])
+        conn.execute(sa.update(counters).where(counters.c.name == BATCH_MERGES).values(value=done))
+    if numbered:
+        first = take_numbers(conn, BATCH_SEQ, len(numbered))
+        for offset, row in enumerate(numbered):
+            row["seq"] = first + offset
+
+
+def _merges_numbered(conn: sa.Connection, first: int) -> int:
+    """:data:`BATCH_MERGES`, its row locked; made where missing, from the merges of the batches numbered so far, or
+    else as if every merge before ``first`` (the earliest waiting now) were numbered (a store begun beside a filter
+    that held earlier merges)."""
+    bump = sa.update(counters).where(counters.c.name == BATCH_MERGES).values(value=counters.c.value)
+    if conn.execute(bump).rowcount == 0:
+        numbered = conn.scalar(sa.select(sa.func.max(batches.c.id_serial)).where(batches.c.seq.is_not(None)))
+        conn.execute(sa.insert(counters).values(name=BATCH_MERGES, value=first - 1 if numbered is None else numbered))
+    return int(conn.execute(sa.select(counters.c.value).where(counters.c.name == BATCH_MERGES)).scalar_one())
+
+
+def unnumbered_batches(conn: sa.Connection) -> list[str]:
+    """Batches accepted and not numbered yet: an earlier merge's manifest has not come (:func:`number_batches`)."""
+    query = sa.select(batches.c.batch_id).where(
+        batches.c.seq.is_(None), batches.c.work_items.is_not(None), batches.c.refused_reason.is_(None)
+    )
+    return list(conn.scalars(query))
 
 
 def void(engine: sa.Engine, batch_id: str, *, now: datetime | None = None) -> BatchStatus:

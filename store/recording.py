@@ -43,7 +43,7 @@ from .items import (
     recorded_work_items,
     resolve_held,
 )
-from .ledger import number_batches, record_late
+from .ledger import number_batches, record_late, unnumbered_batches
 from .schema import work_items
 
 if TYPE_CHECKING:  # the message types only: the store runs without the Azure SDK's import
@@ -80,7 +80,8 @@ def apply(
                 return ApplyOutcome(new_items=0, duplicate_items=0)
     now = datetime.now(UTC)
     with _no_collection(), writing(engine) as conn:
-        rows = lock_batches(conn, sorted({*incoming.batch_ids, *waiting_batches(conn)}), now)
+        waiting = {*waiting_batches(conn), *unnumbered_batches(conn)}
+        rows = lock_batches(conn, sorted({*incoming.batch_ids, *waiting}), now)
         before = {batch_id: dict(row) for batch_id, row in rows.items()}
         _take_manifests(conn, rows, incoming.manifests.values())
         record_parts(conn, rows, incoming.ids)
@@ -168,7 +169,7 @@ class _Recorded:
 
 def _take_manifests(conn: sa.Connection, rows: Mapping[str, dict[str, Any]], manifests: Iterable[Manifest]) -> None:
     """Fill each batch's row from its manifest unless it has one already; a refused batch forgets its counts, an
-    accepted one gets its sequence number (:mod:`store.ledger`)."""
+    accepted one records the ids it carries. Then every batch that can be numbered is (:mod:`store.ledger`)."""
     accepted = {}
     for manifest in manifests:
         row = rows[manifest.batch_id]
@@ -179,7 +180,7 @@ def _take_manifests(conn: sa.Connection, rows: Mapping[str, dict[str, Any]], man
                 release(conn, row)
             else:
                 accepted[manifest.batch_id] = manifest
-    number_batches(conn, [rows[batch_id] for batch_id in accepted])
+    number_batches(conn, rows.values())
     for batch_id, manifest in accepted.items():
         record_ids(conn, rows[batch_id], manifest.ids)
 

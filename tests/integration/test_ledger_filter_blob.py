@@ -1,6 +1,7 @@
 """The id filter as initiators share it, on Azurite: merges by two initiators at once both land (conditional
-writes), each with its own serial; a reader sees every merge; the size is the first writer's; a filter of several
-transfers is written from pieces and read into place whole; an initiator reads the stored filter as it starts, and
+writes), each with its own serial; a reader sees every merge; a batch merged again keeps its first merge's serial
+(its merge logged after the filter's bits); the size is the first writer's; a filter of several transfers is written
+from pieces and read into place whole; an initiator reads the stored filter as it starts, and
 names the serial it marked a batch's rows against in each work item."""
 
 from __future__ import annotations
@@ -32,14 +33,27 @@ async def test_two_initiators_merging_at_once_both_land_with_serials_in_order(
     empty = await first.load()
     await second.load()
     assert first.serial == 0 and not empty.might_contain(_hashes(1)).any()
-    serials = await asyncio.gather(first.merge(_hashes(1)), second.merge(_hashes(2)))
+    serials = await asyncio.gather(first.merge("a", _hashes(1)), second.merge("b", _hashes(2)))
     assert sorted(serials) == [1, 2]
     reader = SharedFilter(storage, container=settings_env.work_container, bits=1 << 20)
     seen = await reader.load()
     assert reader.serial == 2 and seen.bits == 1 << 16  # the size the blob was first written with
     assert seen.might_contain(np.concatenate([_hashes(1), _hashes(2)])).all()
-    assert await first.merge(_hashes(3)) == 3  # its copy was stale: read again, merged
+    assert await first.merge("c", _hashes(3)) == 3  # its copy was stale: read again, merged
     assert (await second.load()).might_contain(_hashes(3)).all() and second.serial == 3
+    writes = storage.counter.counts["blob.put"]
+    again = SharedFilter(storage, container=settings_env.work_container, bits=1 << 16)
+    assert await again.merge("a", _hashes(1)) == serials[0]  # cut again after its initiator died: already in
+    assert again.serial == 3 and storage.counter.counts["blob.put"] == writes
+
+
+async def test_the_merge_log_keeps_the_last_merges(storage: Storage, settings_env: Settings) -> None:
+    writer = SharedFilter(storage, container=settings_env.work_container, bits=1 << 10, logged=3)
+    assert [await writer.merge(f"b{n}", _hashes(n)) for n in range(1, 6)] == [1, 2, 3, 4, 5]
+    reader = SharedFilter(storage, container=settings_env.work_container, bits=1 << 10, logged=3)
+    assert await reader.merge("b5", _hashes(5)) == 5 and await reader.merge("b3", _hashes(3)) == 3  # logged
+    assert await reader.merge("b1", _hashes(1)) == 6  # out of the log: merged again
+    assert (await reader.load()).might_contain(np.concatenate([_hashes(n) for n in range(1, 6)])).all()
 
 
 async def test_a_filter_larger_than_a_transfer_is_written_and_read_whole(
@@ -48,7 +62,7 @@ async def test_a_filter_larger_than_a_transfer_is_written_and_read_whole(
     writer = SharedFilter(storage, container=settings_env.work_container, bits=1 << 27)  # 16 MiB: pieces of 4
     await writer.load()
     hashes = _hashes(4)  # their words spread over every piece
-    assert await writer.merge(hashes) == 1
+    assert await writer.merge("big", hashes) == 1
     reader = SharedFilter(storage, container=settings_env.work_container, bits=64)
     seen = await reader.load()
     assert seen.bits == 1 << 27 and seen.to_bytes() == (await writer.load()).to_bytes()
@@ -60,7 +74,7 @@ async def test_an_initiator_reads_the_stored_filter_as_it_starts_and_once(
 ) -> None:
     writer = SharedFilter(storage, container=settings_env.work_container, bits=1 << 16)
     await writer.load()
-    assert await writer.merge(_hashes(6)) == 1
+    assert await writer.merge("earlier", _hashes(6)) == 1
     initiator = Initiator(storage=storage, settings=settings_env)
     running = asyncio.create_task(initiator.run())
     try:
@@ -80,7 +94,7 @@ async def test_each_work_item_names_the_filter_serial_its_rows_were_marked_again
 ) -> None:
     writer = SharedFilter(storage, container=settings_env.work_container, bits=1 << 16)
     await writer.load()
-    assert await writer.merge(_hashes(7)) == 1
+    assert await writer.merge("earlier", _hashes(7)) == 1
     await client.register(settings_env, sample_price_book_bytes(), sample_tax_table_bytes())
     path = tmp_path / "marked.csv"
     generate(500, path, seed=7)

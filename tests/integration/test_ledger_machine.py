@@ -209,10 +209,11 @@ def _as_model(doc: Document) -> dict[str, Any]:
     return {k: v for k, v in doc.to_json_dict().items() if k not in ("issued_at", "pricebooks", "tax_tables")}
 
 
-def test_a_first_occurrence_repeated_in_its_batch_and_counted_unchecked_is_not_billed_twice(sql_url: str) -> None:
-    """Batch two's results arrive before its manifest, so batch three, marked after it, is numbered before it and
-    counts ``t1``; two counted its own first ``t1`` unchecked (its filter did not hold three's ids): it is refused,
-    though its second ``t1`` was held."""
+def test_a_manifest_that_comes_late_keeps_its_batchs_place_in_merge_order(sql_url: str) -> None:
+    """Batch two's results arrive before its manifest; batch three, merged after it, waits for it unnumbered (its
+    ``t1`` held: two may hold it), and both complete once two's manifest comes, numbered in merge order: two counts
+    its first ``t1``, three's is a duplicate. Numbered in arrival order, three would have counted ``t1`` and two,
+    which counted its first ``t1`` unchecked (its filter did not hold three's ids), been refused."""
     roles = InProcess(bits=1 << 12)
 
     def cut(batch_id: str, *ids: str) -> Cut:
@@ -224,14 +225,15 @@ def test_a_first_occurrence_repeated_in_its_batch_and_counted_unchecked_is_not_b
         store.apply([one.manifest], one.results)
         store.apply([], two.results)
         three = cut("three", "t1")
-        assert store.apply([three.manifest], three.results).completed_batches == ["three"]
-        store.apply([two.manifest], [])
-        status = store.batch("two")
-        assert (
-            status is not None
-            and status.state == BatchState.refused
-            and "could not check" in str(status.refused_reason)
-        )
+        assert store.apply([three.manifest], three.results).completed_batches == []
+        waiting = store.batch("three")
+        assert waiting is not None and (waiting.state, waiting.seq) == (BatchState.processing, None)
+        assert sorted(store.apply([two.manifest], []).completed_batches) == ["three", "two"]
+        batches = {b: store.batch(b) for b in ("two", "three")}
+        assert [(b.state, b.seq, b.accepted, b.rejected) for b in batches.values() if b is not None] == [
+            (BatchState.complete, 2, 1, 1),
+            (BatchState.complete, 3, 0, 1),
+        ]
         assert sum(r["transactions"] for r in queries.totals(store, ("account_id",)).rows) == 2, "t0 and t1, once"
 
 
