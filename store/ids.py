@@ -58,6 +58,11 @@ _NEW_PART = {
     name: insert(ledger_id_parts).on_conflict_do_nothing(index_elements=["batch_id", "part"])
     for name, insert in (("postgresql", postgresql.insert), ("sqlite", sqlite.insert))
 }
+_PG_PROBED = sa.text(
+    "SELECT l.id_hash, l.transaction_id, l.batch_key FROM unnest(CAST(:hashes AS bigint[])) AS h(id_hash) "
+    "CROSS JOIN LATERAL (SELECT id_hash, transaction_id, batch_key FROM ledger_ids "
+    "WHERE segment = ANY(CAST(:segments AS bigint[])) AND id_hash = h.id_hash) AS l"
+)
 _DELETE_ID = sa.delete(ledger_ids).where(
     *(ledger_ids.c[name] == sa.bindparam(name) for name in ("segment", "id_hash", "batch_key", "row"))
 )
@@ -255,12 +260,10 @@ def _earlier_rows(conn: sa.Connection, seq: int, own: Mapping[int, IdKey]) -> li
     by_id: dict[tuple[int, str], list[int]] = {}
     for number, key in own.items():
         by_id.setdefault(key, []).append(number)
-    query = sa.select(ledger_ids.c.id_hash, ledger_ids.c.transaction_id, ledger_ids.c.batch_key).where(
-        ledger_ids.c.segment.in_(_segments(conn))
-    )
+    segments = _segments(conn)
     found: dict[int, list[int]] = {}  # batch key → rows of ``own`` whose id it holds
     for chunk in chunks(sorted({h for h, _ in by_id}), CHUNK):
-        for r in conn.execute(query.where(ledger_ids.c.id_hash.in_(chunk))):
+        for r in _probed(conn, segments, chunk):
             found.setdefault(r.batch_key, []).extend(by_id.get((r.id_hash, r.transaction_id), ()))  # the real id
     earlier = sa.select(batches.c.id_key, batches.c.batch_id, batches.c.seq, batches.c.state).where(
         batches.c.seq < seq, batches.c.voided_at.is_(None)
@@ -270,6 +273,16 @@ def _earlier_rows(conn: sa.Connection, seq: int, own: Mapping[int, IdKey]) -> li
         for b in conn.execute(earlier.where(batches.c.id_key.in_(keys))):
             hits += [_Hit(b.batch_id, b.seq, b.state, number) for number in found[b.id_key]]
     return hits
+
+
+def _probed(conn: sa.Connection, segments: list[int], hashes: list[int]) -> sa.CursorResult[Any]:
+    """The ids of ``hashes`` in ``segments``: their hash, text and batch key, each hash probed in every segment. On
+    PostgreSQL a probe per hash is all the statement allows (a lateral subquery): given the hashes as one list,
+    statistics older than a segment made it read the segment whole and check each id against the list."""
+    if conn.dialect.name == "postgresql":
+        return conn.execute(_PG_PROBED, {"segments": segments, "hashes": hashes})
+    columns = ledger_ids.c.id_hash, ledger_ids.c.transaction_id, ledger_ids.c.batch_key
+    return conn.execute(sa.select(*columns).where(ledger_ids.c.segment.in_(segments), ledger_ids.c.id_hash.in_(hashes)))
 
 
 def _shared_rows(conn: sa.Connection, row: Mapping[str, Any], other: _Hit) -> set[int]:

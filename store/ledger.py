@@ -32,7 +32,7 @@ import sqlalchemy as sa
 from shared.errors import InputError
 
 from .batches import BatchState, BatchStatus, status
-from .engine import writing
+from .engine import index_plans, writing
 from .schema import aggregates, batches, closed_periods, counters, late_rows, ledger_ids
 
 #: The counter of batch sequence numbers.
@@ -113,6 +113,7 @@ def void(engine: sa.Engine, batch_id: str, *, now: datetime | None = None) -> Ba
     unknown, not complete or already voided."""
     now = now or datetime.now(UTC)
     with writing(engine) as conn:
+        index_plans(conn)
         locked = sa.select(batches).where(batches.c.batch_id == batch_id).with_for_update()
         row = conn.execute(locked).mappings().first()
         if row is None:

@@ -32,7 +32,7 @@ from .batches import (
     update_batch,
     waiting_batches,
 )
-from .engine import writing
+from .engine import index_plans, writing
 from .ids import Verdict, decide, forget_uncounted, record_ids, record_parts, release
 from .items import (
     forget_counts,
@@ -80,6 +80,7 @@ def apply(
                 return ApplyOutcome(new_items=0, duplicate_items=0)
     now = datetime.now(UTC)
     with _no_collection(), writing(engine) as conn:
+        index_plans(conn)
         waiting = {*waiting_batches(conn), *unnumbered_batches(conn)}
         rows = lock_batches(conn, sorted({*incoming.batch_ids, *waiting}), now)
         before = {batch_id: dict(row) for batch_id, row in rows.items()}

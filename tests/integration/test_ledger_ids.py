@@ -4,8 +4,6 @@ aggregates equal to the reference model's, which counts each id once across the 
 
 from __future__ import annotations
 
-import csv
-import io
 from datetime import UTC, datetime
 from decimal import Decimal
 
@@ -23,30 +21,8 @@ from store.engine import writing
 from store.ids import IDS, SEGMENT_ROWS, insert_ids
 from store.ledger import take_numbers, void
 from store.schema import ledger_ids
+from support.ledger import csv_of, manifest_with, rows_of
 from support.revisions import at_revision
-
-HEADER = ("transaction_id", "account_id", "timestamp", "product", "quantity", "region")
-
-
-def _rows(ids: list[str], *, account: str = "acct-1", quantity: str = "2") -> list[dict[str, str | None]]:
-    return [
-        {
-            "transaction_id": i,
-            "account_id": account,
-            "timestamp": "2026-03-02T09:15:00Z",
-            "product": "compute.vcpu-hour",
-        }
-        | {"quantity": quantity, "region": ""}
-        for i in ids
-    ]
-
-
-def _csv(rows: list[dict[str, str | None]]) -> bytes:
-    out = io.StringIO()
-    writer = csv.DictWriter(out, HEADER, lineterminator="\n")
-    writer.writeheader()
-    writer.writerows(rows)
-    return out.getvalue().encode()
 
 
 def _model() -> Ledger:
@@ -70,7 +46,7 @@ def _check(store: Store, batch_id: str, fates: list[Row | str], model: Ledger) -
 
 
 def _run(store: Store, shared: InProcess, model: Ledger, batch_id: str, rows: list[dict[str, str | None]]) -> Cut:
-    cut = shared.cut(batch_id, _csv(rows))
+    cut = shared.cut(batch_id, csv_of(rows))
     apply(store, cut)
     _check(store, batch_id, model.batch(batch_id, rows), model)
     return cut
@@ -78,25 +54,25 @@ def _run(store: Store, shared: InProcess, model: Ledger, batch_id: str, rows: li
 
 def test_an_overlapping_batch_counts_only_new_ids_and_a_void_releases_them(store: Store) -> None:
     shared, model = InProcess(bits=1 << 16), _model()
-    first = _rows([f"t{i}" for i in range(200)])
+    first = rows_of([f"t{i}" for i in range(200)])
     first[5]["quantity"] = "1e3"  # invalid: t5 is not counted by the first batch
     first[7]["transaction_id"] = "t" * 70  # too long to be an id: rejected, and no trouble to the ledger
     _run(store, shared, model, "first", first)
     # A re-export of part of the first, new ids, a repeat inside the batch, the invalid id valid now.
-    second = _rows([f"t{i}" for i in range(150, 260)] + ["t5", "t170", "n1", "n1"], quantity="3")
+    second = rows_of([f"t{i}" for i in range(150, 260)] + ["t5", "t170", "n1", "n1"], quantity="3")
     cut = _run(store, shared, model, "second", second)
     assert sum(r.held.num_rows for r in cut.results) >= 51  # every shared id held for the exact check
     void(store.engine, "first")
     model.void("first")
-    third = _rows([f"t{i}" for i in range(0, 40)] + ["t160", "n1"], quantity="5")
+    third = rows_of([f"t{i}" for i in range(0, 40)] + ["t160", "n1"], quantity="5")
     _run(store, shared, model, "third", third)  # the first's ids count again; the second's do not
 
 
 def test_a_batch_waits_for_an_earlier_batch_still_running_that_shares_its_ids(store: Store) -> None:
     shared, model = InProcess(bits=1 << 16), _model()
-    early, late = _rows([f"a{i}" for i in range(100)]), _rows([f"a{i}" for i in range(50, 120)], quantity="7")
-    first = shared.cut("early", _csv(early))
-    second = shared.cut("late", _csv(late))  # marked with the first's ids merged
+    early, late = rows_of([f"a{i}" for i in range(100)]), rows_of([f"a{i}" for i in range(50, 120)], quantity="7")
+    first = shared.cut("early", csv_of(early))
+    second = shared.cut("late", csv_of(late))  # marked with the first's ids merged
     store.apply([first.manifest, second.manifest], [])
     outcome = store.apply([], second.results)
     assert outcome.completed_batches == [] and store.batch("late").state == BatchState.processing  # type: ignore[union-attr]
@@ -108,8 +84,8 @@ def test_a_batch_waits_for_an_earlier_batch_still_running_that_shares_its_ids(st
 
 def test_a_batch_that_shares_no_id_with_a_running_batch_does_not_wait(store: Store) -> None:
     shared = InProcess(bits=1 << 16)
-    first = shared.cut("one", _csv(_rows([f"x{i}" for i in range(100)])))
-    second = shared.cut("two", _csv(_rows([f"y{i}" for i in range(100)])))
+    first = shared.cut("one", csv_of(rows_of([f"x{i}" for i in range(100)])))
+    second = shared.cut("two", csv_of(rows_of([f"y{i}" for i in range(100)])))
     store.apply([first.manifest, second.manifest], [])
     assert store.apply([], second.results).completed_batches == ["two"]
 
@@ -117,11 +93,11 @@ def test_a_batch_that_shares_no_id_with_a_running_batch_does_not_wait(store: Sto
 def test_ids_the_filter_could_not_hold_refuse_the_later_batch(store: Store) -> None:
     shared, model = InProcess(bits=1 << 16), _model()
     marked = InProcess(bits=1 << 16).filter  # what both initiators read before either merged
-    one, two = _rows([f"c{i}" for i in range(60)]), _rows([f"c{i}" for i in range(30, 90)])
-    first = shared.cut("one", _csv(one), marked_with=marked)
-    second = shared.cut("two", _csv(two), marked_with=marked)
+    one, two = rows_of([f"c{i}" for i in range(60)]), rows_of([f"c{i}" for i in range(30, 90)])
+    first = shared.cut("one", csv_of(one), marked_with=marked)
+    second = shared.cut("two", csv_of(two), marked_with=marked)
     assert first.manifest.filter_serial == 0 and second.manifest.filter_serial == 1
-    second = Cut(_manifest(second, filter_serial=0), second.results)
+    second = Cut(manifest_with(second.manifest, filter_serial=0), second.results)
     store.apply([first.manifest, second.manifest], [])
     assert store.apply([], second.results).completed_batches == []  # waits for "one", which it could not check
     store.apply([], first.results)
@@ -129,7 +105,7 @@ def test_ids_the_filter_could_not_hold_refuse_the_later_batch(store: Store) -> N
     assert status is not None and status.state == BatchState.refused and "one" in (status.refused_reason or "")
     assert status.accepted == 0 and reports.aggregates(store, "two").empty
     _check(store, "one", model.batch("one", one), model)
-    third = shared.cut("three", _csv(two))  # submitted again: checked, its shared ids duplicates
+    third = shared.cut("three", csv_of(two))  # submitted again: checked, its shared ids duplicates
     apply(store, third)
     _check(store, "three", model.batch("three", two), model)
 
@@ -154,16 +130,16 @@ def test_a_batch_is_compared_with_one_debatched_at_the_same_time_in_passes_howev
     store.engine.dispose()  # every connection from here on has the timeout
     shared, model = InProcess(bits=1 << 20), _model()
     marked = InProcess(bits=1 << 20).filter
-    one, two = _rows([f"s{i}" for i in range(10_000)]), _rows([f"s{i}" for i in range(5_000, 15_000)])
-    first = shared.cut("one", _csv(one), marked_with=marked)
-    second = shared.cut("two", _csv(two), marked_with=marked)
-    store.apply([first.manifest, _manifest(second, filter_serial=0)], first.results)
+    one, two = rows_of([f"s{i}" for i in range(10_000)]), rows_of([f"s{i}" for i in range(5_000, 15_000)])
+    first = shared.cut("one", csv_of(one), marked_with=marked)
+    second = shared.cut("two", csv_of(two), marked_with=marked)
+    store.apply([first.manifest, manifest_with(second.manifest, filter_serial=0)], first.results)
     store.apply([], second.results)
     status = store.batch("two")
     assert status is not None and status.state == BatchState.refused
     assert (status.refused_reason or "").startswith("shares 5000 transaction ids with batch one")
     _check(store, "one", model.batch("one", one), model)
-    apply(store, shared.cut("three", _csv(two)))  # submitted again: its ids looked up in the ledger by hash
+    apply(store, shared.cut("three", csv_of(two)))  # submitted again: its ids looked up in the ledger by hash
     _check(store, "three", model.batch("three", two), model)
 
 
@@ -187,8 +163,8 @@ def test_held_ids_are_looked_up_in_every_segment_once_however_many_earlier_batch
     shared, model = InProcess(bits=1 << 22), _model()
     shared.filter, shared.serial = ledger_filter(loaded, 1 << 22, batch_rows=batch_rows)
     earlier = [f"ledger-{i}" for i in range(2_000)]  # billed by the first batches loaded
-    model.batch("loaded", _rows(earlier))
-    cut = _run(store, shared, model, "later", _rows(earlier + [f"f{i}" for i in range(1_000)]))
+    model.batch("loaded", rows_of(earlier))
+    cut = _run(store, shared, model, "later", rows_of(earlier + [f"f{i}" for i in range(1_000)]))
     assert cut.held_rows >= 2_000
 
 
@@ -198,12 +174,12 @@ def test_a_batch_cut_again_is_compared_with_every_batch_its_first_cut_could_not_
     "four", but its items were recorded already (the first copy of a work item counts). The ledger must compare
     "two" with "four" as of its first cut: it is refused, not billed twice."""
     shared, model = InProcess(bits=1 << 16), _model()
-    two, four = _rows([f"r{i}" for i in range(300)]), _rows([f"r{i}" for i in range(100, 400)], quantity="3")
-    first_life = InProcess(bits=1 << 16).cut("two", _csv(two))  # marked against the empty filter (serial 0)
+    two, four = rows_of([f"r{i}" for i in range(300)]), rows_of([f"r{i}" for i in range(100, 400)], quantity="3")
+    first_life = InProcess(bits=1 << 16).cut("two", csv_of(two))  # marked against the empty filter (serial 0)
     assert {result.marked for result in first_life.results} == {0}  # from the header, through the processor's code
-    apply(store, shared.cut("four", _csv(four)))
+    apply(store, shared.cut("four", csv_of(four)))
     _check(store, "four", model.batch("four", four), model)
-    again = shared.cut("two", _csv(two))  # marked against a filter holding "four"
+    again = shared.cut("two", csv_of(two))  # marked against a filter holding "four"
     assert again.manifest.filter_serial == 1 and sum(r.held.num_rows for r in again.results) == 200
     store.apply([], first_life.results, ids=again.ids)
     store.apply([again.manifest], again.results)
@@ -211,13 +187,13 @@ def test_a_batch_cut_again_is_compared_with_every_batch_its_first_cut_could_not_
     assert status is not None and status.state == BatchState.refused, status
     assert (status.refused_reason or "").startswith("shares 200 transaction ids with batch four")
     assert status.accepted == 0 and reports.aggregates(store, "two").empty
-    apply(store, shared.cut("two-again", _csv(two)))  # submitted again: checked, its shared ids duplicates
+    apply(store, shared.cut("two-again", csv_of(two)))  # submitted again: checked, its shared ids duplicates
     _check(store, "two-again", model.batch("two-again", two), model)
 
 
 def test_a_hash_shared_by_two_ids_never_rejects_a_row(store: Store) -> None:
     shared, model = InProcess(bits=1 << 16), _model()
-    _run(store, shared, model, "first", _rows(["k1", "k2"]))
+    _run(store, shared, model, "first", rows_of(["k1", "k2"]))
     # Another id of the same 64-bit hash as "fresh", billed earlier: the filter holds it, the ledger has the hash.
     fresh = id_hashes(pa.array(["fresh"]))
     shared.filter.add(fresh.view(np.uint64))
@@ -226,20 +202,14 @@ def test_a_hash_shared_by_two_ids_never_rejects_a_row(store: Store) -> None:
             sa.insert(ledger_ids),
             [{"segment": 0, "id_hash": int(fresh[0]), "batch_key": 1, "row": 99, "transaction_id": "not-fresh"}],
         )
-    cut = _run(store, shared, model, "second", _rows(["fresh", "k1"]))
+    cut = _run(store, shared, model, "second", rows_of(["fresh", "k1"]))
     assert sum(r.held.num_rows for r in cut.results) == 2
-
-
-def _manifest(cut: Cut, **changes: object) -> object:
-    from shared.protocol import Manifest
-
-    return Manifest(**{**cut.manifest.__dict__, **changes})
 
 
 def test_ids_parts_are_recorded_before_the_manifest_and_the_batch_waits_for_every_part(store: Store) -> None:
     shared, model = InProcess(bits=1 << 16, work_item_size=200, part_rows=250), _model()
-    rows = _rows([f"p{i}" for i in range(1200)] + ["p7"])  # a frame of the inbox holds about 230 rows
-    cut = shared.cut("parted", _csv(rows))
+    rows = rows_of([f"p{i}" for i in range(1200)] + ["p7"])  # a frame of the inbox holds about 230 rows
+    cut = shared.cut("parted", csv_of(rows))
     assert cut.manifest.id_parts == len(cut.ids) >= 3 and cut.manifest.ids is not None
     assert sum(part.ids.num_rows for part in cut.ids) + cut.manifest.ids.num_rows == 1200
     first, *others = cut.ids
@@ -255,16 +225,16 @@ def test_ids_parts_are_recorded_before_the_manifest_and_the_batch_waits_for_ever
     store.apply([], [], ids=[first])  # late again, after completion: spent
     with store.engine.connect() as conn:
         assert conn.scalar(sa.select(sa.func.count()).select_from(ledger_ids)) == recorded
-    again = _rows([f"p{i}" for i in range(0, 1300, 10)])
+    again = rows_of([f"p{i}" for i in range(0, 1300, 10)])
     _run(store, shared, model, "again", again)  # ids from every part are known to later batches
 
 
 def test_a_refused_batch_releases_the_ids_its_parts_recorded(store: Store) -> None:
     shared, model = InProcess(bits=1 << 16, work_item_size=200, part_rows=250), _model()
-    rows = _rows([f"r{i}" for i in range(1200)])
-    cut = shared.cut("broken", _csv(rows))
+    rows = rows_of([f"r{i}" for i in range(1200)])
+    cut = shared.cut("broken", csv_of(rows))
     store.apply([], [], ids=cut.ids)
-    store.apply([_manifest(cut, refused="the file is damaged at line 97", ids=None)], cut.results)
+    store.apply([manifest_with(cut.manifest, refused="the file is damaged at line 97", ids=None)], cut.results)
     status = store.batch("broken")
     assert status is not None and status.state == BatchState.refused
     with store.engine.connect() as conn:
@@ -275,7 +245,7 @@ def test_a_refused_batch_releases_the_ids_its_parts_recorded(store: Store) -> No
 def test_a_store_with_ids_recorded_by_seq_upgrades_and_its_ids_still_count(sql_url: str) -> None:
     at_revision(sql_url, "0011")  # ids keyed by the batch's seq there
     shared, model = InProcess(bits=1 << 16), _model()
-    old = _rows(["m1", "m2"])
+    old = rows_of(["m1", "m2"])
     model.batch("old", old)
     hashes = id_hashes(pa.array(["m1", "m2"]))
     engine = sa.create_engine(sql_url)
@@ -306,17 +276,17 @@ def test_a_store_with_ids_recorded_by_seq_upgrades_and_its_ids_still_count(sql_u
     shared.filter.add(hashes.view(np.uint64))
     shared.serial = 1
     with Store(sql_url) as store:  # upgrades in place
-        _run(store, shared, model, "new", _rows(["m1", "m3", "m2", "m4"]))
+        _run(store, shared, model, "new", rows_of(["m1", "m3", "m2", "m4"]))
         assert store.batch("new").seq == 2  # type: ignore[union-attr]
         void(store.engine, "old")  # its ids, keyed by its seq before, are released
         model.void("old")
-        _run(store, shared, model, "after", _rows(["m2", "m5"]))
+        _run(store, shared, model, "after", rows_of(["m2", "m5"]))
 
 
 def test_overlapping_batches_recorded_and_completed_in_one_apply_count_each_id_once(store: Store) -> None:
     shared, model = InProcess(bits=1 << 16), _model()
-    early, late = _rows([f"o{i}" for i in range(100)]), _rows([f"o{i}" for i in range(40, 130)], quantity="3")
-    first, second = shared.cut("early", _csv(early)), shared.cut("late", _csv(late))
+    early, late = rows_of([f"o{i}" for i in range(100)]), rows_of([f"o{i}" for i in range(40, 130)], quantity="3")
+    first, second = shared.cut("early", csv_of(early)), shared.cut("late", csv_of(late))
     # A controller back after a crash: both manifests and every result in one dequeued batch.
     outcome = store.apply([second.manifest, first.manifest], second.results + first.results)
     assert sorted(outcome.completed_batches) == ["early", "late"]
@@ -326,12 +296,12 @@ def test_overlapping_batches_recorded_and_completed_in_one_apply_count_each_id_o
 
 def test_ids_recorded_twice_under_other_parts_are_recorded_once(store: Store) -> None:
     shared, model = InProcess(bits=1 << 16, work_item_size=200, part_rows=250), _model()
-    rows = _rows([f"q{i}" for i in range(1200)])
-    cut = shared.cut("again", _csv(rows))
+    rows = rows_of([f"q{i}" for i in range(1200)])
+    cut = shared.cut("again", csv_of(rows))
     first, second, *_ = cut.ids
     overlapping = IdsPart("again", 99, pa.concat_tables([first.ids, second.ids]))  # a cut with other boundaries
     store.apply([], [], ids=[first, overlapping])
-    store.apply([_manifest(cut, id_parts=len(cut.ids) + 1)], cut.results, ids=[*cut.ids[1:], overlapping])
+    store.apply([manifest_with(cut.manifest, id_parts=len(cut.ids) + 1)], cut.results, ids=[*cut.ids[1:], overlapping])
     _check(store, "again", model.batch("again", rows), model)
     with store.engine.connect() as conn:
         assert conn.scalar(sa.select(sa.func.count()).select_from(ledger_ids)) == 1200

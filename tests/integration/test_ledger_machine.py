@@ -13,8 +13,6 @@ account, currency and product the sum of the period's documents' lines equal to 
 
 from __future__ import annotations
 
-import csv
-import io
 from collections import defaultdict
 from datetime import UTC, datetime
 from decimal import Decimal
@@ -34,6 +32,7 @@ from store.documents import Document, close, documents
 from store.engine import writing
 from store.ledger import LedgerError, void
 from store.queries import Filters
+from support.ledger import csv_of
 
 PRICES = model.read_prices(sample_price_book_bytes().decode())
 RATES = model.read_rates(sample_tax_table_bytes().decode())
@@ -80,7 +79,7 @@ class LedgerMachine(RuleBasedStateMachine):
     def submit(self, rows: list[dict[str, str | None]], how: str) -> None:
         """A new batch, recorded whole, or only its manifest, or only its result (the rest by ``finish``)."""
         batch_id = f"b{len(self.files) + 1}"
-        cut = self.roles.cut(batch_id, _csv(rows))
+        cut = self.roles.cut(batch_id, csv_of(rows))
         self.files[batch_id], self.results[batch_id] = rows, cut.results
         self.unapplied[batch_id] = [cut.manifest, *cut.results]
         self._record(batch_id, {"whole": None, "manifest": 1, "result": -1}[how])
@@ -176,14 +175,6 @@ class LedgerMachine(RuleBasedStateMachine):
         return {key: (int(s[0]), s[1], int(s[2]), int(s[3]), int(s[4])) for key, s in sums.items()}
 
 
-def _csv(rows: list[dict[str, str | None]]) -> bytes:
-    text = io.StringIO()
-    writer = csv.DictWriter(text, FIELDS)
-    writer.writeheader()
-    writer.writerows(rows)
-    return text.getvalue().encode()
-
-
 def _measures(found: dict[str, Any]) -> tuple[int, Decimal, int, int, int]:
     return (
         int(found["transactions"]),
@@ -218,7 +209,7 @@ def test_a_manifest_that_comes_late_keeps_its_batchs_place_in_merge_order(sql_ur
 
     def cut(batch_id: str, *ids: str) -> Cut:
         values = ("acct-a", "2026-03-02T09:30:00Z", "compute.vcpu-hour", "1", "")
-        return roles.cut(batch_id, _csv([dict(zip(FIELDS, (i, *values), strict=True)) for i in ids]))
+        return roles.cut(batch_id, csv_of([dict(zip(FIELDS, (i, *values), strict=True)) for i in ids]))
 
     with Store(sql_url) as store:
         one, two = cut("one", "t0"), cut("two", "t1", "t1")
