@@ -151,7 +151,7 @@ def submit(
         from . import progress, unbilled
 
         watch = unbilled.RequestWatch(settings, submitted, console)
-        with Store(settings.sql_url_value) as store:
+        with Store(settings.sql_url_value, stalled_after=settings.stalled_after) as store:
             statuses = progress.wait_with_progress(store, submitted, console=console, timeout=timeout, watch=watch)
         for status in statuses:
             progress.print_summary(status)
@@ -190,7 +190,7 @@ def status(batch_id: str | None, as_json: bool) -> None:
     from . import unbilled
 
     settings = Settings()
-    with Store(settings.sql_url_value) as store:
+    with Store(settings.sql_url_value, stalled_after=settings.stalled_after) as store:
         found = [store.batch(batch_id)] if batch_id else store.batches()
         waiting = [] if batch_id else unbilled.unbilled(resolve(settings), store)
     if batch_id and found[0] is None:
@@ -227,14 +227,16 @@ def status(batch_id: str | None, as_json: bool) -> None:
 
 
 def _status_line(row: dict[str, Any]) -> str:
-    """A batch's status as ``key=value`` pairs; a mapping (late rows per period) as ``2026-03:12,2026-04:3``."""
+    """A batch's status as ``key=value`` pairs; a mapping (late rows per period) as ``2026-03:12,2026-04:3``; why it
+    stalled, if it did, on a line of its own."""
 
     def text(value: object) -> object:
         if isinstance(value, dict):
             return ",".join(f"{key}:{count}" for key, count in sorted(value.items())) or "none"
         return value
 
-    return " ".join(f"{key}={text(value)}" for key, value in row.items())
+    line = " ".join(f"{key}={text(value)}" for key, value in row.items() if key != "stalled")
+    return line + (f"\n  stalled: {row['stalled']}" if row.get("stalled") else "")
 
 
 async def _backlog(settings: Settings) -> dict[str, int]:
@@ -282,7 +284,7 @@ def report(
         raise click.BadParameter(str(exc), param_hint="--period") from exc
     one_batch = batch_ids[0] if len(batch_ids) == 1 and filters == Filters(batches=batch_ids) else None
     settings = Settings()
-    with Store(settings.sql_url_value) as store:
+    with Store(settings.sql_url_value, stalled_after=settings.stalled_after) as store:
         frame = getattr(reports, kind)(store, one_batch or filters)
         pending = (
             ledger.pending_report(store.engine, period, accounts, currencies)

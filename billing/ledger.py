@@ -81,7 +81,7 @@ def void(batch_id: str) -> None:
     from store import Store
 
     settings = resolve()
-    with Store(settings.sql_url_value) as store:
+    with Store(settings.sql_url_value, stalled_after=settings.stalled_after) as store:
         voided = asyncio.run(void_batch(settings, store.engine, batch_id))
     click.echo(redact(f"batch {batch_id} (seq {voided.seq}) voided: it counts nowhere from now on"))
 

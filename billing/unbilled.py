@@ -76,7 +76,7 @@ def resubmit(batch_id: str) -> None:
 
     check_batch_id(batch_id)
     settings = resolve()
-    with Store(settings.sql_url_value) as store:
+    with Store(settings.sql_url_value, stalled_after=settings.stalled_after) as store:
         if accounted(store.engine, [batch_id]):
             found = store.batch(batch_id)
             state = found.state if found is not None else "known"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from datetime import timedelta
 from pathlib import Path
 from typing import Literal
 
@@ -10,6 +11,9 @@ from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from .cpus import available_cpus
+
+#: Visibility timeouts a batch ``processing`` may go unchanged before it shows as stalled.
+STALLED_LEASES = 3
 
 
 def _default_home() -> Path:
@@ -148,6 +152,12 @@ class Settings(BaseSettings):
     def input_queues(self) -> list[str]:
         """The partitioned input queues, ``<prefix>-input-0..N-1``."""
         return [f"{self.queue_prefix}-input-{i}" for i in range(self.partitions)]
+
+    @property
+    def stalled_after(self) -> timedelta:
+        """How long a batch ``processing`` may go unchanged before it shows as stalled: :data:`STALLED_LEASES`
+        visibility timeouts (what a dead role's messages take to come back, and more)."""
+        return timedelta(seconds=STALLED_LEASES * self.visibility_timeout)
 
     @property
     def results_queue(self) -> str:

@@ -73,6 +73,10 @@ class BatchStatus:
     voided_at: datetime | None = None
     #: Its counted rows of a period closed before it completed, per period (see :mod:`store.ledger`).
     late: dict[str, int] = field(default_factory=dict, hash=False)
+    #: The earlier batch it waits for, every work item in: it shares ids with that one, still running.
+    waiting_for: str | None = None
+    #: Why it has not moved for a while, still ``processing`` (None: it moves, or is settled): see :func:`stalled`.
+    stalled: str | None = None
 
     @property
     def voided(self) -> bool:
@@ -243,7 +247,27 @@ def accounted(engine: sa.Engine, batch_ids: Iterable[str]) -> set[str]:
     return found
 
 
-def status(row: sa.RowMapping, late: Mapping[str, int] | None = None) -> BatchStatus:
-    """A batch row as a :class:`BatchStatus`, with its late rows per period."""
-    values = {f.name: row[f.name] for f in dataclasses.fields(BatchStatus) if f.name != "late"}
-    return BatchStatus(**{**values, "state": BatchState(values["state"]), "late": dict(late or {})})
+def status(row: sa.RowMapping, late: Mapping[str, int] | None = None, stalled: str | None = None) -> BatchStatus:
+    """A batch row as a :class:`BatchStatus`, with its late rows per period and why it stalled (if it did)."""
+    values = {f.name: row[f.name] for f in dataclasses.fields(BatchStatus) if f.name not in ("late", "stalled")}
+    return BatchStatus(**{**values, "state": BatchState(values["state"]), "late": dict(late or {}), "stalled": stalled})
+
+
+def stalled(row: Mapping[str, Any] | sa.RowMapping, merges_numbered: int) -> str:
+    """Why a batch still ``processing`` makes no progress, as far as the store can tell (``merges_numbered``: every
+    merge up to it is numbered, :mod:`store.ledger`)."""
+    if row["work_items"] is None:
+        return "no manifest yet: its initiator still cuts it, or the manifest is on its way (or in a poison queue)"
+    missing = row["work_items"] - row["completed_items"] - row["poisoned_items"]
+    if missing > 0:
+        return f"{missing} of its {row['work_items']} work items not recorded: still rated, or on their way"
+    if row["id_parts_recorded"] < row["id_parts"]:
+        return f"{row['id_parts'] - row['id_parts_recorded']} of its ids parts not recorded: on their way"
+    if row["seq"] is None:
+        return (
+            f"every work item recorded, not numbered: it waits for the manifest of merge {merges_numbered + 1}, "
+            "an earlier batch's"
+        )
+    if row["waiting_for"] is not None:
+        return f"every work item recorded: it waits for batch {row['waiting_for']}, which shares ids with it"
+    return "every work item recorded, not decided yet"

@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from types import TracebackType
 from typing import TYPE_CHECKING, Self
 
 import sqlalchemy as sa
 
 from . import migrate as migrations
-from .batches import ApplyOutcome, BatchState, BatchStatus, status, waiting_batches
+from .batches import ApplyOutcome, BatchState, BatchStatus, stalled, status, waiting_batches
 from .engine import open_engine, writing
-from .ledger import late
+from .ledger import late, merges_numbered
 from .schema import batches
 
 if TYPE_CHECKING:  # the message types only: the store runs without the Azure SDK's import
@@ -24,11 +24,20 @@ if TYPE_CHECKING:  # the message types only: the store runs without the Azure SD
 class Store:
     """The pipeline's SQL store (SQLite or PostgreSQL); migrates itself to the latest schema on open."""
 
-    def __init__(self, url: str, *, migrate: bool = True, credential: TokenCredential | None = None) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        migrate: bool = True,
+        credential: TokenCredential | None = None,
+        stalled_after: timedelta | None = None,
+    ) -> None:
         """Open the store at ``url``. PostgreSQL logs in with a Microsoft Entra token from
         ``credential`` when one is given, or from ``DefaultAzureCredential`` when the URL names an
-        Azure Database for PostgreSQL server and no password (the keyless way on Azure)."""
+        Azure Database for PostgreSQL server and no password (the keyless way on Azure). With ``stalled_after``,
+        a batch's status says why it stalled when it has been ``processing`` that long without a change."""
         self.url, self._engine = open_engine(url, credential)
+        self._stalled_after = stalled_after
         if migrate:
             self.migrate()
 
@@ -106,13 +115,16 @@ class Store:
         """One batch's status, or None if nothing is known about it yet."""
         with self._engine.connect() as conn:
             row = conn.execute(sa.select(batches).where(batches.c.batch_id == batch_id)).mappings().first()
-            return None if row is None else status(row, late(conn, [batch_id]).get(batch_id))
+            if row is None:
+                return None
+            return status(row, late(conn, [batch_id]).get(batch_id), _stalled(conn, [row], self._stalled_after)[0])
 
     def batches(self) -> list[BatchStatus]:
         """Every batch, oldest accepted first (batches still waiting for their manifest last)."""
         with self._engine.connect() as conn:
             rows, of_batches = conn.execute(sa.select(batches)).mappings().all(), late(conn)
-        found = [status(row, of_batches.get(row["batch_id"])) for row in rows]
+            reasons = _stalled(conn, rows, self._stalled_after)
+        found = [status(row, of_batches.get(row["batch_id"]), why) for row, why in zip(rows, reasons, strict=True)]
         return sorted(found, key=lambda s: (s.accepted_at is None, s.accepted_at or s.updated_at, s.batch_id))
 
     def claims_to_delete(self, settled_before: datetime) -> list[str]:
@@ -125,3 +137,15 @@ class Store:
         )
         with self._engine.connect() as conn:
             return list(conn.scalars(query.order_by(batches.c.updated_at)))
+
+
+def _stalled(conn: sa.Connection, rows: Sequence[sa.RowMapping], after: timedelta | None) -> list[str | None]:
+    """For each batch row, why it stalled: still ``processing``, unchanged for ``after`` (None: not asked)."""
+    if after is None:
+        return [None] * len(rows)
+    before = datetime.now(UTC) - after
+    numbered = merges_numbered(conn)
+    return [
+        stalled(row, numbered) if row["state"] == BatchState.processing and row["updated_at"] < before else None
+        for row in rows
+    ]

@@ -99,6 +99,11 @@ def _merges_numbered(conn: sa.Connection, first: int) -> int:
     return int(conn.execute(sa.select(counters.c.value).where(counters.c.name == BATCH_MERGES)).scalar_one())
 
 
+def merges_numbered(conn: sa.Connection) -> int:
+    """:data:`BATCH_MERGES` as it stands (0 before any merge was numbered)."""
+    return int(conn.scalar(sa.select(counters.c.value).where(counters.c.name == BATCH_MERGES)) or 0)
+
+
 def unnumbered_batches(conn: sa.Connection) -> list[str]:
     """Batches accepted and not numbered yet: an earlier merge's manifest has not come (:func:`number_batches`)."""
     query = sa.select(batches.c.batch_id).where(

@@ -199,6 +199,7 @@ def _complete(
         row = rows[batch_id]
         firsts = held_firsts(conn, batch_id) if row["id_key"] is not None else {}
         verdict = decide(conn, row, firsts, settled) if row["seq"] is not None else Verdict()
+        row["waiting_for"] = verdict.wait_for
         if verdict.wait_for is not None:
             del settling[batch_id]
         elif verdict.refused is not None:

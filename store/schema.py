@@ -140,6 +140,8 @@ batches = sa.Table(
     # Its key there (given with its first ids, before it has a seq), the ids parts its manifest counts, and
     # those recorded (table ledger_id_parts): it completes only once all are.
     sa.Column("id_key", sa.BigInteger, nullable=True),
+    # The earlier batch it waits for, every work item in (store.ids): it shares ids with that running batch.
+    sa.Column("waiting_for", sa.String(255), nullable=True),
     sa.Column("id_parts", sa.BigInteger, nullable=False, server_default="0"),
     sa.Column("id_parts_recorded", sa.BigInteger, nullable=False, server_default="0"),
 )

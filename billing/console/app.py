@@ -39,7 +39,7 @@ SECURITY_HEADERS = {
 def create_app(settings: Settings, store: Store | None = None, *, allowed_hosts: Sequence[str] = ("*",)) -> FastAPI:
     """The API and the console over ``store`` (default: the configured one) and the storage of ``settings``,
     answering only requests whose ``Host`` is one of ``allowed_hosts``."""
-    opened = store or Store(settings.sql_url_value)
+    opened = store or Store(settings.sql_url_value, stalled_after=settings.stalled_after)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

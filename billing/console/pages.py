@@ -79,7 +79,14 @@ def batch_page(
         reasons = detail["rejects_by_reason"]
         drawn.append(charts.bars(list(reasons), list(reasons.values()), title="Rejects by reason", unit="rows"))
     rejected = queries.rejected_rows(store, batch_id, limit=100)
-    context = {"detail": detail, "batch": batch, "charts": drawn, "rejected": rejected, "just_voided": voided}
+    context = {
+        "detail": detail,
+        "batch": batch,
+        "charts": drawn,
+        "rejected": rejected,
+        "just_voided": voided,
+        "stalled_after": f"{settings.stalled_after.total_seconds():.0f} s",
+    }
     return guard.form_page(request, settings, render.page, "batch.html", **context)
 
 

@@ -1,8 +1,9 @@
 """Partial aggregates kept per work item until the batch settles (table ``partials``), instead of added into
 ``aggregates`` at every apply (and the fold token that let a store cache them); held rows keep their id and its hash,
 rejected rows the hash of their id where they are its first occurrence, so that completing a batch needs no pass
-over its ids. For batches not settled yet (``processing`` or ``failed``), their aggregates become one partials row
-each, and their held and rejected rows get those from the ledger's ids.
+over its ids; a batch waiting for an earlier one names it (``waiting_for``). For batches not settled yet
+(``processing`` or ``failed``), their aggregates become one partials row each, and their held and rejected rows get
+those from the ledger's ids.
 
 Revision ID: 0013
 Revises: 0012
@@ -51,6 +52,7 @@ def upgrade() -> None:
     op.create_index("ix_partials_batch_id", "partials", ["batch_id"])
     with op.batch_alter_table("batches") as batch:
         batch.drop_column("fold_token")
+        batch.add_column(sa.Column("waiting_for", sa.String(255), nullable=True))
     with op.batch_alter_table("rejects") as rejects:
         rejects.add_column(sa.Column("id_hash", sa.BigInteger, nullable=True))
     with op.batch_alter_table("held") as held:
@@ -119,6 +121,7 @@ def downgrade() -> None:
     with op.batch_alter_table("rejects") as rejects:
         rejects.drop_column("id_hash")
     with op.batch_alter_table("batches") as batch:
+        batch.drop_column("waiting_for")
         batch.add_column(sa.Column("fold_token", sa.String(32), nullable=True))
     op.drop_index("ix_partials_batch_id", "partials")
     op.drop_table("partials")
