@@ -22,12 +22,13 @@ import click
 from rich.console import Console
 from rich.markup import escape
 
-from shared.errors import BillingError
+from shared.errors import BillingError, InfrastructureError
 from shared.localstack import AzuriteStack, resolve
 from shared.logs import configure_logging, redact
 from shared.roles import ROLES
 
 from . import cost, ledger
+from .sql import open_store
 
 if TYPE_CHECKING:
     from shared.messaging.poison import Action as PoisonAction
@@ -146,13 +147,17 @@ def submit(
         submitted.append(outcome.batch_id)
     incomplete = False
     if wait and submitted:
-        from store import BatchState, Store  # SQLAlchemy, only now: the batches are already on their way
+        from store import BatchState  # SQLAlchemy, only now: the batches are already on their way
 
         from . import progress, unbilled
 
         watch = unbilled.RequestWatch(settings, submitted, console)
-        with Store(settings.sql_url_value, stalled_after=settings.stalled_after) as store:
-            statuses = progress.wait_with_progress(store, submitted, console=console, timeout=timeout, watch=watch)
+        try:
+            with open_store(settings) as store:
+                statuses = progress.wait_with_progress(store, submitted, console=console, timeout=timeout, watch=watch)
+        except InfrastructureError as exc:
+            follow = " ".join(f"`billing status {batch_id}`" for batch_id in submitted)
+            raise click.ClickException(f"{exc}; submitted, the batches go on: follow them with {follow}") from exc
         for status in statuses:
             progress.print_summary(status)
         incomplete = any(status.state != BatchState.complete for status in statuses)
@@ -185,12 +190,11 @@ def status(batch_id: str | None, as_json: bool) -> None:
     secondary account, its backlog."""
     from shared.messaging.processes import role_states
     from shared.settings import Settings
-    from store import Store
 
     from . import unbilled
 
     settings = Settings()
-    with Store(settings.sql_url_value, stalled_after=settings.stalled_after) as store:
+    with open_store(settings) as store:
         found = [store.batch(batch_id)] if batch_id else store.batches()
         waiting = [] if batch_id else unbilled.unbilled(resolve(settings), store)
     if batch_id and found[0] is None:
@@ -275,7 +279,7 @@ def report(
     csv, json and parquet; table and html (one self-contained file, with charts) show currency units. Invoices of
     a closed --period also name the pending difference (what the next close would issue)."""
     from shared.settings import Settings
-    from store import Store, reports  # pandas and the report writers: only for the commands that report
+    from store import reports  # pandas and the report writers: only for the commands that report
     from store.queries import Filters
 
     try:
@@ -284,7 +288,7 @@ def report(
         raise click.BadParameter(str(exc), param_hint="--period") from exc
     one_batch = batch_ids[0] if len(batch_ids) == 1 and filters == Filters(batches=batch_ids) else None
     settings = Settings()
-    with Store(settings.sql_url_value, stalled_after=settings.stalled_after) as store:
+    with open_store(settings) as store:
         frame = getattr(reports, kind)(store, one_batch or filters)
         pending = (
             ledger.pending_report(store.engine, period, accounts, currencies)

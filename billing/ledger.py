@@ -23,6 +23,9 @@ if TYPE_CHECKING:
     from store.documents import Document
 
 
+from .sql import open_store
+
+
 @click.group("reference", invoke_without_command=True)
 @click.option("--out-dir", type=click.Path(file_okay=False, path_type=Path), default=Path("."))
 @click.pass_context
@@ -78,10 +81,8 @@ def reference_show() -> None:
 def void(batch_id: str) -> None:
     """Void a complete batch: it counts nowhere from now on (its aggregates stay stored, marked voided), and its
     batch id stays taken (submitting it again is refused). An unknown, incomplete or voided batch is refused."""
-    from store import Store
-
     settings = resolve()
-    with Store(settings.sql_url_value, stalled_after=settings.stalled_after) as store:
+    with open_store(settings) as store:
         voided = asyncio.run(void_batch(settings, store.engine, batch_id))
     click.echo(redact(f"batch {batch_id} (seq {voided.seq}) voided: it counts nowhere from now on"))
 
@@ -110,10 +111,9 @@ def close(period: str) -> None:
     account and currency whose billed amounts changed since its last document of the period, in one
     transaction. With nothing changed it issues nothing and says so."""
     from shared.settings import Settings
-    from store import Store
     from store.documents import close as close_period
 
-    with Store(Settings().sql_url_value) as store:
+    with open_store(Settings()) as store:
         issued = close_period(store.engine, period)
     click.echo(closing_message(period, issued))
     for doc in issued:
@@ -140,10 +140,9 @@ def documents_group() -> None:
 def documents_list(period: str | None, account: str | None, kind: str | None, fmt: str) -> None:
     """List documents by number (JSON: each in full, money in integer minor units)."""
     from shared.settings import Settings
-    from store import Store
     from store.documents import documents
 
-    with Store(Settings().sql_url_value) as store:
+    with open_store(Settings()) as store:
         found = documents(store.engine, period=period, account=account, kind=kind)
     if fmt == "json":
         click.echo(json.dumps([doc.to_json_dict() for doc in found], indent=2))
@@ -164,12 +163,11 @@ def documents_show(number: int, fmt: str, output: Path | None) -> None:
     """Show one document: its head, its lines (per product, with the batches that changed each) and totals; html
     and pdf read and print as an invoice, money in the currency's units (json: integer minor units)."""
     from shared.settings import Settings
-    from store import Store
     from store.documents import document
 
     if fmt == "pdf" and output is None:
         raise click.UsageError("--format pdf writes a file: give --output F")
-    with Store(Settings().sql_url_value) as store:
+    with open_store(Settings()) as store:
         found = document(store.engine, number)
     if found is None:
         raise click.ClickException(f"no document numbered {number}")

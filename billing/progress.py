@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Mapping, Sequence
 
@@ -65,7 +66,7 @@ def wait_for_all(
     while True:
         for batch_id, status in statuses.items():
             if status is None or status.state not in FINAL_STATES:
-                statuses[batch_id] = store.batch(batch_id)
+                statuses[batch_id] = store.patiently(functools.partial(store.batch, batch_id))
         if on_progress is not None:
             on_progress(statuses)
         settled = all(status is not None and status.state in FINAL_STATES for status in statuses.values())

@@ -23,6 +23,7 @@ from shared.settings import Settings
 from shared.submissions import InboxFile
 
 from .client import announce, check_batch_id
+from .sql import open_store
 
 if TYPE_CHECKING:
     from store import BatchStatus, Store
@@ -71,12 +72,11 @@ def echo(files: Sequence[InboxFile] | None) -> None:
 def resubmit(batch_id: str) -> None:
     """``billing resubmit``: send again the request of a batch whose file sits in the inbox and that no batch
     accounts for; one already accounted for, or without a file in the inbox, is refused."""
-    from store import Store
     from store.batches import accounted
 
     check_batch_id(batch_id)
     settings = resolve()
-    with Store(settings.sql_url_value, stalled_after=settings.stalled_after) as store:
+    with open_store(settings) as store:
         if accounted(store.engine, [batch_id]):
             found = store.batch(batch_id)
             state = found.state if found is not None else "known"

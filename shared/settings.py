@@ -84,6 +84,8 @@ class Settings(BaseSettings):
     dequeue_batch_size: int = Field(default=32, ge=1, le=32)
     dequeue_tasks: int = Field(default=2, ge=1, le=256)
     visibility_timeout: int = Field(default=60, ge=1, le=7 * 24 * 3600)
+    # How long a command (`billing submit --wait`, `status`, reports) waits for a SQL store it cannot reach.
+    store_patience: float = Field(default=120.0, ge=0)
     min_idle_interval: float = Field(default=0.0, ge=0)
     max_idle_interval: float = Field(default=10.0, gt=0)
     backoff_delta: float = Field(default=0.1, gt=0)

@@ -12,7 +12,7 @@
 
 from .batches import FINAL_STATES, ApplyOutcome, BatchState, BatchStatus
 from .core import Store
-from .engine import ENTRA_POSTGRES_SCOPE
+from .engine import ENTRA_POSTGRES_SCOPE, Patience
 from .migrate import MIGRATIONS, SCHEMA_REVISION
 
 __all__ = [
@@ -23,5 +23,6 @@ __all__ = [
     "ApplyOutcome",
     "BatchState",
     "BatchStatus",
+    "Patience",
     "Store",
 ]

@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from types import TracebackType
-from typing import TYPE_CHECKING, Self
+from typing import TYPE_CHECKING, Self, TypeVar
 
 import sqlalchemy as sa
 
 from . import migrate as migrations
 from .batches import ApplyOutcome, BatchState, BatchStatus, stalled, status, waiting_batches
-from .engine import open_engine, writing
+from .engine import Patience, open_engine, writing
 from .ledger import late, merges_numbered
 from .schema import batches
 
@@ -19,6 +19,9 @@ if TYPE_CHECKING:  # the message types only: the store runs without the Azure SD
     from azure.core.credentials import TokenCredential
 
     from shared.protocol import IdsPart, Manifest, PoisonNotice, WorkItemResult
+
+
+T = TypeVar("T")
 
 
 class Store:
@@ -31,12 +34,15 @@ class Store:
         migrate: bool = True,
         credential: TokenCredential | None = None,
         stalled_after: timedelta | None = None,
+        patience: Patience | None = None,
     ) -> None:
         """Open the store at ``url``. PostgreSQL logs in with a Microsoft Entra token from
         ``credential`` when one is given, or from ``DefaultAzureCredential`` when the URL names an
         Azure Database for PostgreSQL server and no password (the keyless way on Azure). With ``stalled_after``,
-        a batch's status says why it stalled when it has been ``processing`` that long without a change."""
-        self.url, self._engine = open_engine(url, credential)
+        a batch's status says why it stalled when it has been ``processing`` that long without a change; with
+        ``patience``, a store that cannot be reached is waited for within its bound (a command's)."""
+        self.url, self._engine = open_engine(url, credential, patience)
+        self._patience = patience
         self._stalled_after = stalled_after
         if migrate:
             self.migrate()
@@ -58,6 +64,11 @@ class Store:
     def revision(self) -> str | None:
         """The schema revision the database is at (None before the first migration)."""
         return migrations.revision(self._engine)
+
+    def patiently(self, read: Callable[[], T]) -> T:
+        """``read()`` (of this store), waited for within the store's patience where it has one: a connection the
+        server cut as it went down is tried again too."""
+        return read() if self._patience is None else self._patience.retry(read)
 
     def ping(self) -> None:
         """One round trip to the database (raises when it cannot be reached)."""

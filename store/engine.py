@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import sqlite3
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import sqlalchemy as sa
 
@@ -27,18 +27,60 @@ ENTRA_POSTGRES_SCOPE = "https://ossrdbms-aad.database.windows.net/.default"
 IMMEDIATE = "billing_sqlite_immediate"
 #: How long a SQLite connection waits for another's lock before it fails.
 SQLITE_BUSY_TIMEOUT_S = 30
+T = TypeVar("T")
 
 
-def open_engine(url: str, credential: TokenCredential | None = None) -> tuple[sa.URL, sa.Engine]:
+class Patience:
+    """How long a command waits for the SQL store to answer (``seconds``): a failure to reach it (the server down,
+    restarting) is tried again, with back-off, until that long after the first failure in a row; ``notify`` is told
+    once per such wait, in a line."""
+
+    def __init__(self, seconds: float, notify: Callable[[str], None]) -> None:
+        self.seconds = seconds
+        self._notify = notify
+
+    def retry(self, attempt: Callable[[], T], unreachable: tuple[type[BaseException], ...] = ()) -> T:
+        """``attempt()`` until it succeeds: a failure to reach the store (``unreachable``, and SQLAlchemy's and this
+        project's own errors for it) tried again within the bound, any other failure raised at once."""
+        gave_up_at: float | None = None
+        failures = 0
+        caught: tuple[type[BaseException], ...] = (*unreachable, sa.exc.OperationalError, InfrastructureError)
+        while True:
+            try:
+                return attempt()
+            except caught as exc:
+                now = time.monotonic()
+                if gave_up_at is None:
+                    gave_up_at = now + self.seconds
+                    self._notify(
+                        f"the SQL store does not answer ({_first_line(exc)}): trying again for {self.seconds:.0f} s"
+                    )
+                if now >= gave_up_at:
+                    raise InfrastructureError(
+                        f"the SQL store did not answer for {self.seconds:.0f} s: {_first_line(exc)}"
+                    ) from exc
+                failures += 1
+                time.sleep(min(0.25 * 2 ** (failures - 1), 5.0, max(gave_up_at - now, 0.0)))
+
+
+def _first_line(exc: BaseException) -> str:
+    """An exception's message, its first line."""
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+
+
+def open_engine(
+    url: str, credential: TokenCredential | None = None, patience: Patience | None = None
+) -> tuple[sa.URL, sa.Engine]:
     """The parsed URL and an engine for it. PostgreSQL logs in with a Microsoft Entra token from
     ``credential`` when one is given, or from ``DefaultAzureCredential`` when the URL names an Azure
-    Database for PostgreSQL server and no password (the keyless way on Azure)."""
+    Database for PostgreSQL server and no password (the keyless way on Azure); with ``patience``, a new connection
+    that cannot be made is tried again within its bound."""
     parsed = normalise_url(url)
     if credential is None and is_azure_postgres(parsed):
         from azure.identity import DefaultAzureCredential
 
         credential = DefaultAzureCredential()
-    return parsed, create_engine(parsed, credential)
+    return parsed, create_engine(parsed, credential, patience)
 
 
 def normalise_url(url: str) -> sa.URL:
@@ -59,9 +101,12 @@ def is_azure_postgres(url: sa.URL) -> bool:
     return url.get_backend_name() == "postgresql" and url.password is None and (url.host or "").endswith(AZURE_POSTGRES)
 
 
-def create_engine(url: sa.URL, credential: TokenCredential | None = None) -> sa.Engine:
+def create_engine(
+    url: sa.URL, credential: TokenCredential | None = None, patience: Patience | None = None
+) -> sa.Engine:
     """PostgreSQL with pre-ping (and, with ``credential``, an Entra token as each new connection's
-    password); SQLite in WAL mode, 30 s busy timeout, transactions begun explicitly."""
+    password; with ``patience``, connections tried again while the server cannot be reached); SQLite in WAL mode,
+    30 s busy timeout, transactions begun explicitly."""
     if url.get_backend_name() == "postgresql":
         engine = sa.create_engine(url, pool_pre_ping=True)
         if credential is not None:
@@ -69,6 +114,13 @@ def create_engine(url: sa.URL, credential: TokenCredential | None = None) -> sa.
             @sa.event.listens_for(engine, "do_connect")
             def _with_token(_dialect: Any, _record: Any, _args: Any, params: dict[str, Any]) -> None:
                 params["password"] = credential.get_token(ENTRA_POSTGRES_SCOPE).token  # cached until near expiry
+
+        if patience is not None:
+
+            @sa.event.listens_for(engine, "do_connect")
+            def _patiently(dialect: Any, _record: Any, args: list[Any], params: dict[str, Any]) -> Any:
+                unreachable = (dialect.loaded_dbapi.OperationalError,)
+                return patience.retry(lambda: dialect.connect(*args, **params), unreachable)
 
         return engine
     if url.database and url.database != ":memory:" and not url.database.startswith("file:"):
