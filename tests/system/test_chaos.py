@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 
 from benchmarks.postgres import PostgresServer
-from billing.cli import ROLES
 from billing.sample import generate
 from shared.localstack import AzuriteStack
+from shared.roles import ROLES
 from shared.settings import Settings
 from store import FINAL_STATES, BatchStatus, Store
 from support.azurite import running_azurite

@@ -1,6 +1,8 @@
 """The roles start without the command line: ``python -m <role>`` runs the role through :mod:`shared.roles`,
-and ``billing`` depends on the roles, never the reverse; the command line and the console read the store
-library, never the controller role's service module; the rating workers' fork server loads no storage client."""
+and ``billing`` depends on the roles, never the reverse; ``benchmarks`` depends on the product, never the reverse
+(but that ``billing`` adds their commands where they are installed); the command line and the console read the
+store library, never the controller role's service module; the rating workers' fork server loads no storage
+client."""
 
 from __future__ import annotations
 
@@ -38,6 +40,8 @@ from support.references import sample_files
 ROOT = Path(__file__).resolve().parents[2]
 #: The packages a role process may load: never ``billing``.
 BELOW_BILLING = ("shared", "store", "initiator", "processor", "controller")
+#: The product: what ``benchmarks`` may import, and what never imports ``benchmarks`` (but to add its commands).
+PRODUCT = ("billing", *BELOW_BILLING)
 
 #: Runs ``python -m <role> --help`` as ``-m`` does, then builds the role's builder (importing all the role
 #: runs on), and prints the ``billing`` modules loaded by then.
@@ -119,6 +123,66 @@ def test_the_roles_the_store_and_shared_never_import_billing() -> None:
         for path in _sources(*BELOW_BILLING)
     }
     assert {path: names for path, names in offending.items() if names} == {}
+
+
+def _names_of_benchmarks(path: Path) -> list[str]:
+    """The strings in ``path``'s code (f-strings' literal parts too) that name a module of ``benchmarks``: what a
+    loader by name (``importlib.import_module``, a lazy group's table) would be handed."""
+    tree = ast.parse(path.read_text(), str(path))
+    return sorted(
+        node.value
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith("benchmarks.")
+    )
+
+
+def test_the_product_imports_the_benchmarks_only_where_billing_adds_their_commands() -> None:
+    """``benchmarks`` imports the product, never the reverse: the one import of it is the command line's, of
+    :mod:`benchmarks.cli` (which loads no benchmark), to add its commands to ``billing``."""
+    imported = {
+        str(path.relative_to(ROOT)): sorted(
+            n for n in _imports(path) if n == "benchmarks" or n.startswith("benchmarks.")
+        )
+        for path in _sources(*PRODUCT)
+    }
+    assert {path: names for path, names in imported.items() if names} == {
+        "billing/cli/__init__.py": ["benchmarks.cli", "benchmarks.cli.COMMANDS"]
+    }
+    named = {str(path.relative_to(ROOT)): _names_of_benchmarks(path) for path in _sources(*PRODUCT)}
+    assert {path: names for path, names in named.items() if names} == {}, "a benchmark loaded by name"
+
+
+#: Runs ``billing --help`` with the ``benchmarks`` package absent (as an installation without it), then prints its
+#: output and the ``benchmarks`` commands' names.
+WITHOUT_BENCHMARKS = """
+import json, sys
+from click.testing import CliRunner
+
+
+class Absent:
+    def find_spec(self, name, path=None, target=None):
+        if name == "benchmarks":
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+
+
+sys.meta_path.insert(0, Absent())
+from billing.cli import cli
+print(json.dumps(CliRunner().invoke(cli, ["--help"]).output))
+"""
+
+
+def test_billing_lists_the_benchmarks_commands_only_where_the_benchmarks_are_installed() -> None:
+    from benchmarks.cli import COMMANDS
+    from billing.cli import cli
+
+    benchmarks = {command.name for command in COMMANDS}
+    assert benchmarks >= {"bench", "soak"}
+    assert benchmarks <= set(cli.commands)
+    shown = _printed(WITHOUT_BENCHMARKS)
+    assert "submit" in shown
+    listed = {line.split()[0] for line in shown.split("Commands:")[1].splitlines() if line.strip()}
+    assert listed & benchmarks == set()
+    assert listed == set(cli.commands) - benchmarks
 
 
 def test_the_rating_workers_preload_no_storage_client_or_settings() -> None:
