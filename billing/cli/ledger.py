@@ -1,0 +1,201 @@
+"""``billing reference``, ``void``, ``close`` and ``documents``: the commands of the ledger (thin: parse, then
+delegate to :mod:`billing.client`, :mod:`billing.ledger` and the store library, :mod:`store.ledger` and
+:mod:`store.documents`). Tables show money in the currency's own units; JSON keeps integer minor units."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import click
+
+from shared.localstack import resolve
+from shared.logs import redact
+
+from ..ledger import closing_message, void_batch
+from ..sql import open_store
+
+if TYPE_CHECKING:
+    from store.documents import Document
+
+
+@click.group("reference", invoke_without_command=True)
+@click.option("--out-dir", type=click.Path(file_okay=False, path_type=Path), default=Path("."))
+@click.pass_context
+def reference(ctx: click.Context, out_dir: Path) -> None:
+    """Write the sample price book and tax table (pricebook.csv, taxes.csv); or, with a subcommand, register
+    the reference data batches are rated with."""
+    if ctx.invoked_subcommand is not None:
+        return
+    from ..sample import write_price_book, write_tax_table
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    write_price_book(out_dir / "pricebook.csv")
+    write_tax_table(out_dir / "taxes.csv")
+    click.echo(f"wrote {out_dir / 'pricebook.csv'} and {out_dir / 'taxes.csv'}")
+
+
+@reference.command("set")
+@click.option("--pricebook", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--taxes", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--sample", is_flag=True, help="The sample price book and tax table (what `billing reference` writes).")
+def reference_set(pricebook: Path | None, taxes: Path | None, sample: bool) -> None:
+    """Register a price book and a tax table (stored by content hash): `billing submit` without --pricebook
+    or --taxes rates with them from now on."""
+    from .. import client
+    from ..sample import sample_price_book_bytes, sample_tax_table_bytes
+
+    if sample == (pricebook is not None or taxes is not None) or (not sample and (pricebook is None or taxes is None)):
+        raise click.UsageError("give --pricebook and --taxes, or --sample")
+    if sample:
+        book, table = sample_price_book_bytes(), sample_tax_table_bytes()
+    else:
+        assert pricebook is not None and taxes is not None
+        book, table = pricebook.read_bytes(), taxes.read_bytes()
+    registered = asyncio.run(client.register(resolve(), book, table))
+    click.echo(f"registered price book {registered.pricebook_hash} and tax table {registered.taxes_hash}")
+
+
+@reference.command("show")
+def reference_show() -> None:
+    """Print the registered price book's and tax table's content hashes."""
+    from .. import client
+
+    registered = asyncio.run(client.registered(resolve()))
+    if registered is None:
+        raise click.ClickException("no reference data registered (billing reference set --pricebook P --taxes T)")
+    click.echo(f"pricebook {registered.pricebook_hash}")
+    click.echo(f"taxes {registered.taxes_hash}")
+
+
+@click.command("void")
+@click.argument("batch_id")
+def void(batch_id: str) -> None:
+    """Void a complete batch: it counts nowhere from now on (its aggregates stay stored, marked voided), and its
+    batch id stays taken (submitting it again is refused). An unknown, incomplete or voided batch is refused."""
+    settings = resolve()
+    with open_store(settings) as store:
+        voided = asyncio.run(void_batch(settings, store.engine, batch_id))
+    click.echo(redact(f"batch {batch_id} (seq {voided.seq}) voided: it counts nowhere from now on"))
+
+
+@click.command("close")
+@click.option("--period", required=True, help="The billing period, YYYY-MM (UTC), not in the future.")
+def close(period: str) -> None:
+    """Close a billing period: issue a document (an invoice the first time, then signed adjustments) for each
+    account and currency whose billed amounts changed since its last document of the period, in one
+    transaction. With nothing changed it issues nothing and says so."""
+    from shared.settings import Settings
+    from store.documents import close as close_period
+
+    with open_store(Settings()) as store:
+        issued = close_period(store.engine, period)
+    click.echo(closing_message(period, issued))
+    for doc in issued:
+        click.echo(_summary(doc))
+
+
+@click.group("documents")
+def documents_group() -> None:
+    """The documents closes issued: invoices and adjustments, numbered, never changed."""
+
+
+@documents_group.command("list")
+@click.option("--period", help="Only this billing period (YYYY-MM).")
+@click.option("--account", help="Only this account.")
+@click.option("--kind", type=click.Choice(["invoice", "adjustment"]), help="Only this kind.")
+@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
+def documents_list(period: str | None, account: str | None, kind: str | None, fmt: str) -> None:
+    """List documents by number (JSON: each in full, money in integer minor units)."""
+    from shared.settings import Settings
+    from store.documents import documents
+
+    with open_store(Settings()) as store:
+        found = documents(store.engine, period=period, account=account, kind=kind)
+    if fmt == "json":
+        click.echo(json.dumps([doc.to_json_dict() for doc in found], indent=2))
+    elif not found:
+        click.echo("(no documents)")
+    else:
+        for doc in found:
+            click.echo(_summary(doc))
+
+
+@documents_group.command("show")
+@click.argument("number", type=click.IntRange(min=1))
+@click.option(
+    "--format", "fmt", type=click.Choice(["table", "json", "html", "pdf"]), default="table", show_default=True
+)
+@click.option("--output", type=click.Path(dir_okay=False, path_type=Path), help="Write to this file (pdf: required).")
+def documents_show(number: int, fmt: str, output: Path | None) -> None:
+    """Show one document: its head, its lines (per product, with the batches that changed each) and totals; html
+    and pdf read and print as an invoice, money in the currency's units (json: integer minor units)."""
+    from shared.settings import Settings
+    from store.documents import document
+
+    if fmt == "pdf" and output is None:
+        raise click.UsageError("--format pdf writes a file: give --output F")
+    with open_store(Settings()) as store:
+        found = document(store.engine, number)
+    if found is None:
+        raise click.ClickException(f"no document numbered {number}")
+    if fmt == "pdf":
+        from ..console.pdf import pdf  # ReportLab: only for PDF
+
+        assert output is not None
+        output.write_bytes(pdf(found))
+        click.echo(f"wrote {output}")
+        return
+    if fmt == "html":
+        from ..console.invoice import html  # Jinja2: only for HTML
+
+        text = html(found, standalone=True)
+    else:
+        text = json.dumps(found.to_json_dict(), indent=2) if fmt == "json" else _document_table(found)
+    if output is None:
+        click.echo(text)
+    else:
+        output.write_text(text + "\n", encoding="utf-8")
+        click.echo(f"wrote {output}")
+
+
+def _document_table(found: Document) -> str:
+    """The document as terminal text, money in the currency's units."""
+    from shared.rules.reference import money  # Arrow and NumPy: only where money is shown
+
+    head = [
+        f"{found.kind.capitalize()} No. {found.number}",
+        f"period {found.period}   account {found.account_id}   currency {found.currency}",
+        f"issued {found.issued_at.isoformat()}",
+        f"price books {', '.join(found.pricebooks) or '-'}   tax tables {', '.join(found.tax_tables) or '-'}",
+        f"money in {found.currency}, in its own units",
+    ]
+    rows: list[tuple[str, ...]] = [("product", "transactions", "quantity", "net", "tax", "total", "batches")]
+    for line in found.lines:
+        line_json = line.to_json_dict()
+        amounts = [money(line_json[m], found.currency) for m in ("net", "tax", "total")]
+        rows.append(
+            (line.product, str(line.sums.transactions), line_json["quantity"], *amounts, " ".join(line.batches))
+        )
+    rows.append(("total", "", "", *(money(getattr(found, m), found.currency) for m in ("net", "tax", "total")), ""))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    table = [
+        "  ".join(
+            cell.rjust(w) if i in (1, 2, 3, 4, 5) else cell.ljust(w)
+            for i, (cell, w) in enumerate(zip(row, widths, strict=True))
+        ).rstrip()
+        for row in rows
+    ]
+    return "\n".join(head + table)
+
+
+def _summary(doc: Document) -> str:
+    from shared.rules.reference import money
+
+    amounts = "  ".join(f"{m} {money(getattr(doc, m), doc.currency)}" for m in ("net", "tax", "total"))
+    return f"{doc.number}  {doc.kind:<10}  {doc.period}  {doc.account_id}  {amounts}"
+
+
+COMMANDS: tuple[click.Command, ...] = (reference, void, close, documents_group)
