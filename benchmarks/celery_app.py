@@ -19,7 +19,7 @@ from celery import Celery
 from celery.signals import worker_ready
 
 from processor.jobs import rate_rows
-from shared.protocol import WorkHeader
+from shared.messages import WorkHeader
 from shared.rules.batchfile import RAW_COLUMNS
 from shared.rules.reference import PriceBook, TaxTable, load_price_book, load_tax_table
 

@@ -42,12 +42,13 @@ from initiator.debatch import Debatch
 from initiator.ledger_filter import BLOB, SERIAL
 from processor.jobs import rate_work_items
 from shared import inbox
+from shared.messages import IdsPart, Manifest, WorkHeader, WorkItemResult
 from shared.messaging.storage import Storage
-from shared.protocol import IdsPart, Manifest, WorkHeader, WorkItemResult, decode_table, parse_results
 from shared.rules.duplicates import id_hashes
 from shared.rules.idfilter import IdFilter
 from shared.rules.reference import load_price_book, load_tax_table
 from shared.settings import Settings
+from shared.wire import decode_table, parse_results
 from store import BatchState, Store
 from store.engine import writing
 from store.ids import ID_KEYS, IDS, SEGMENT_ROWS, insert_ids

@@ -24,9 +24,10 @@ from billing.sample import sample_price_book_bytes, sample_tax_table_bytes
 from initiator.debatch import Debatch
 from processor.jobs import rate_work_items
 from shared import inbox
-from shared.protocol import Manifest, WorkHeader, WorkItemResult, parse_results
+from shared.messages import Manifest, WorkHeader, WorkItemResult
 from shared.rules.reference import load_price_book, load_tax_table
 from shared.settings import Settings
+from shared.wire import parse_results
 from store import BatchState, Store
 
 BATCH = "bench"

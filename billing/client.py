@@ -20,10 +20,10 @@ from azure.storage.blob.aio import BlobClient, ContainerClient
 
 from shared import inbox, telemetry
 from shared.errors import FileRefused, InputError
+from shared.messages import BatchRequest
 from shared.messaging.storage import Storage
 from shared.messaging.tally import Tally, tallying
 from shared.messaging.triggers import trigger_bus
-from shared.protocol import BatchRequest
 from shared.refstore import PRICEBOOK, TAXES, ReferenceSet, ReferenceStore
 from shared.rules.batchfile import detect_format, line_blocks, read_chunks
 from shared.rules.reference import load_price_book, load_tax_table

@@ -9,7 +9,7 @@ import logging
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import TypeVar
 
@@ -20,22 +20,19 @@ from prometheus_client import Histogram
 
 from shared import telemetry
 from shared.errors import PoisonMessage
+from shared.messages import IdsPart, Kind, Manifest, PoisonNotice, WorkItemResult
 from shared.messaging import tally
 from shared.messaging.backoff import patiently
-from shared.messaging.envelope import ClaimCheck
+from shared.messaging.envelope import ClaimCheck, Envelope
 from shared.messaging.poison import PoisonQueue
 from shared.messaging.service import Service
 from shared.messaging.storage import Storage
 from shared.messaging.syphon import add_syphon
 from shared.messaging.triggers import TriggerBus
-from shared.protocol import (
-    IDS,
-    MANIFEST,
-    POISONED,
-    IdsPart,
-    Manifest,
-    PoisonNotice,
-    WorkItemResult,
+from shared.settings import Settings
+from shared.submissions import resend_stale
+from shared.wire import (
+    kind_of,
     notify_controller,
     parse_ids,
     parse_manifest,
@@ -43,8 +40,6 @@ from shared.protocol import (
     parse_results,
     warm_up,
 )
-from shared.settings import Settings
-from shared.submissions import resend_stale
 from store import Store
 from store import batches as store_batches
 
@@ -109,30 +104,15 @@ class Controller(Service):
 
     async def handle(self, messages: list[QueueMessage]) -> Mapping[str, str]:
         poisoned: dict[str, str] = {}
-        manifests: list[Manifest] = []
-        results: list[WorkItemResult] = []
-        notices: list[PoisonNotice] = []
-        ids: list[IdsPart] = []
+        received = _Received()
         charged: list[tuple[int, list[_Carried]]] = []  # per message: its stamp, what it carries
         for message in messages:
             try:
                 envelope = await self.claim_check.unpack(message.content)
-                if envelope.kind == MANIFEST:
-                    manifests.append(manifest := parse_manifest(envelope))
-                    carried = [_Carried("apply manifest", manifest.batch_id, envelope.trace)]
-                elif envelope.kind == IDS:
-                    ids.append(part := parse_ids(envelope))
-                    carried = [_Carried("apply ids", part.batch_id, envelope.trace)]
-                elif envelope.kind == POISONED:
-                    notices.append(notice := parse_poisoned(envelope))
-                    carried = [_Carried("apply poison notice", notice.batch_id, envelope.trace, notice.work_item_id)]
-                else:
-                    results.extend(items := parse_results(envelope))
-                    carried = [_Carried("apply work item", r.batch_id, r.trace, r.work_item_id, r.rows) for r in items]
-                charged.append((envelope.requests, carried))
+                charged.append((envelope.requests, received.take(envelope)))
             except PoisonMessage as exc:
                 poisoned[message.id] = str(exc)
-        if manifests or results or notices or ids:
+        if any(carried for _, carried in charged):
             shares = _requests_carried(charged, own=max(0, tally.take() - sum(stamp for stamp, _ in charged)))
             requests: Counter[str] = Counter()
             spans: list[Span] = []
@@ -143,7 +123,14 @@ class Controller(Service):
                     spans.append(span := thing.start_span(count))
                     last[thing.batch_id] = span
             with telemetry.ending(spans):
-                apply = functools.partial(self.store.apply, manifests, results, notices, ids=ids, requests=requests)
+                apply = functools.partial(
+                    self.store.apply,
+                    received.manifests,
+                    received.results,
+                    received.notices,
+                    ids=received.ids,
+                    requests=requests,
+                )
                 outcome = await self._in_sql_thread(apply)
             for batch_id in outcome.completed_batches:
                 async with self._settling(batch_id, last.get(batch_id), "batch complete"):
@@ -221,6 +208,35 @@ class Controller(Service):
         """Run blocking SQL work on the controller's one SQL thread (work spread over many threads
         keeps a malloc arena of freed memory each, which raises the peak RSS)."""
         return asyncio.get_running_loop().run_in_executor(self._sql, work)
+
+
+@dataclass
+class _Received:
+    """What the messages of a received batch carry for the store, by kind."""
+
+    manifests: list[Manifest] = field(default_factory=list)
+    results: list[WorkItemResult] = field(default_factory=list)
+    notices: list[PoisonNotice] = field(default_factory=list)
+    ids: list[IdsPart] = field(default_factory=list)
+
+    def take(self, envelope: Envelope) -> list[_Carried]:
+        """Take in a message, by its kind; what it carries. Raises :class:`PoisonMessage` for a message of a kind
+        the controller does not take: one no role knows too (never read as results)."""
+        match kind_of(envelope):
+            case Kind.MANIFEST:
+                self.manifests.append(manifest := parse_manifest(envelope))
+                return [_Carried("apply manifest", manifest.batch_id, envelope.trace)]
+            case Kind.IDS:
+                self.ids.append(part := parse_ids(envelope))
+                return [_Carried("apply ids", part.batch_id, envelope.trace)]
+            case Kind.POISONED:
+                self.notices.append(notice := parse_poisoned(envelope))
+                return [_Carried("apply poison notice", notice.batch_id, envelope.trace, notice.work_item_id)]
+            case Kind.RESULTS:
+                self.results.extend(items := parse_results(envelope))
+                return [_Carried("apply work item", r.batch_id, r.trace, r.work_item_id, r.rows) for r in items]
+            case other:
+                raise PoisonMessage("unexpected_kind", f"the controller takes no {other} message")
 
 
 @dataclass(frozen=True)

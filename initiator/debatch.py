@@ -33,11 +33,12 @@ import pyarrow.compute as pc
 from shared import inbox
 from shared.errors import FileRefused
 from shared.inbox import Frame, Part
-from shared.protocol import REPEATS_SCHEMA, encode_table
+from shared.messages import REPEATS_SCHEMA
 from shared.rules.batchfile import line_count, read_chunks
 from shared.rules.duplicates import FirstOccurrences
 from shared.rules.idfilter import IdFilter
 from shared.rules.schemas import IDS_SCHEMA
+from shared.wire import encode_table
 
 #: What a CSV reader says of a part that ends inside a record (a quoted line break across frames), or
 #: before the header record ends: with more of the file to come, the part goes on with the next frame.

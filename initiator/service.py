@@ -23,26 +23,17 @@ from opentelemetry.trace import SpanKind, StatusCode
 
 from shared import inbox, telemetry
 from shared.errors import InputError, PoisonMessage
+from shared.messages import BatchRequest, IdsPart, Manifest, WorkHeader
 from shared.messaging.envelope import ClaimCheck, batch_blob
 from shared.messaging.poison import PoisonQueue
 from shared.messaging.service import Service
 from shared.messaging.storage import Storage
 from shared.messaging.triggers import TriggerBus
-from shared.protocol import (
-    BatchRequest,
-    IdsPart,
-    Manifest,
-    WorkHeader,
-    ids_envelope,
-    manifest_envelope,
-    parse_request,
-    warm_up,
-    work_envelope,
-)
 from shared.refstore import PRICEBOOK, TAXES, ReferenceStore
 from shared.rules.reference import load_price_book, load_tax_table
 from shared.settings import Settings
 from shared.submissions import mark_taken
+from shared.wire import ids_envelope, manifest_envelope, parse_request, warm_up, work_envelope
 
 from .debatch import Cut, Debatch
 from .ledger_filter import SharedFilter

@@ -9,14 +9,15 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from shared.errors import InputError, PoisonMessage
+from shared.messages import WorkHeader, WorkItemResult
 from shared.messaging.envelope import Envelope
-from shared.protocol import WorkHeader, WorkItemResult, decode_work, results_envelope
 from shared.rules.batchfile import raw_texts
 from shared.rules.duplicates import id_hashes
 from shared.rules.rating import aggregate, itemise
 from shared.rules.reference import PriceBook, TaxTable, load_price_book, load_tax_table
 from shared.rules.schemas import HELD_SCHEMA
 from shared.rules.validation import validate
+from shared.wire import decode_work, results_envelope
 
 
 @lru_cache(maxsize=16)

@@ -12,15 +12,16 @@ from opentelemetry.trace import Span, SpanKind, StatusCode
 
 from shared import telemetry
 from shared.errors import PoisonMessage
+from shared.messages import WorkHeader
 from shared.messaging.capacity import Capacity
 from shared.messaging.envelope import ClaimCheck, Envelope, batch_blob
 from shared.messaging.poison import PoisonQueue
 from shared.messaging.service import Service
 from shared.messaging.storage import Storage
 from shared.messaging.triggers import TriggerBus
-from shared.protocol import WorkHeader, notify_controller, parse_work_header
 from shared.refstore import PRICEBOOK, TAXES, ReferenceStore
 from shared.settings import Settings
+from shared.wire import notify_controller, parse_work_header
 
 from .jobs import rate_work_items
 from .pool import RatingPool

@@ -23,10 +23,11 @@ from azure.storage.blob import BlobProperties
 from azure.storage.blob.aio import ContainerClient
 
 from .errors import InputError
+from .messages import BatchRequest
 from .messaging.envelope import ClaimCheck, batch_blob, peek_headers
 from .messaging.storage import Storage
-from .protocol import BatchRequest, request_envelope
 from .settings import Settings
+from .wire import request_envelope
 
 REQUESTED = "requested/{}"
 TAKEN = "taken/{}"

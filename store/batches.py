@@ -22,8 +22,8 @@ from sqlalchemy.dialects import postgresql, sqlite
 
 from .schema import batches
 
-if TYPE_CHECKING:  # the message types only: the store runs without the Azure SDK's import
-    from shared.protocol import Manifest
+if TYPE_CHECKING:  # the message types in annotations only: a command that only reads the store loads no Arrow
+    from shared.messages import Manifest
 
 
 class BatchState(StrEnum):

@@ -15,10 +15,10 @@ from .engine import Patience, open_engine, writing
 from .ledger import late, merges_numbered
 from .schema import batches
 
-if TYPE_CHECKING:  # the message types only: the store runs without the Azure SDK's import
+if TYPE_CHECKING:  # in annotations only: the store runs without the Azure SDK, and only recording loads Arrow
     from azure.core.credentials import TokenCredential
 
-    from shared.protocol import IdsPart, Manifest, PoisonNotice, WorkItemResult
+    from shared.messages import IdsPart, Manifest, PoisonNotice, WorkItemResult
 
 
 T = TypeVar("T")

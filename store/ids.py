@@ -23,22 +23,20 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 
+from shared.messages import IdsPart
 from shared.rules.duplicates import id_hashes
 
 from .batches import SETTLED, BatchState
 from .items import CHUNK, chunks
 from .ledger import take_numbers
 from .schema import batches, counters, held, ledger_id_parts, ledger_ids, rejects
-
-if TYPE_CHECKING:  # the message types only: the store runs without the Azure SDK's import
-    from shared.protocol import IdsPart
 
 #: An id as the ledger finds it: its hash and its text.
 IdKey = tuple[int, str]

@@ -14,10 +14,12 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pyarrow as pa
 import sqlalchemy as sa
+
+from shared.messages import IdsPart, Manifest, PoisonNotice, WorkItemResult
 
 from . import partials
 from .batches import (
@@ -45,9 +47,6 @@ from .items import (
 )
 from .ledger import number_batches, record_late, unnumbered_batches
 from .schema import work_items
-
-if TYPE_CHECKING:  # the message types only: the store runs without the Azure SDK's import
-    from shared.protocol import IdsPart, Manifest, PoisonNotice, WorkItemResult
 
 
 def apply(

@@ -17,8 +17,8 @@ from initiator.ledger_filter import SharedFilter
 from initiator.service import Initiator
 from shared.messaging.envelope import ClaimCheck
 from shared.messaging.storage import Storage
-from shared.protocol import parse_request, parse_work_header
 from shared.settings import Settings
+from shared.wire import parse_request, parse_work_header
 from support.waiting import wait_until_async
 
 

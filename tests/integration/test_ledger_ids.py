@@ -14,7 +14,7 @@ import sqlalchemy as sa
 from benchmarks.ledger import Cut, InProcess, apply, ledger_filter, load_ledger
 from benchmarks.reference_model import Ledger, Row, read_prices, read_rates
 from billing.sample import sample_price_book_bytes, sample_tax_table_bytes
-from shared.protocol import IdsPart
+from shared.messages import IdsPart
 from shared.rules.duplicates import id_hashes
 from store import BatchState, Store, reports
 from store.engine import writing

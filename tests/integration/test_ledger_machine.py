@@ -26,7 +26,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from benchmarks import reference_model as model
 from benchmarks.ledger import Cut, InProcess
 from billing.sample import sample_price_book_bytes, sample_tax_table_bytes
-from shared.protocol import Manifest, WorkItemResult
+from shared.messages import Manifest, WorkItemResult
 from store import BatchState, Store, queries, schema
 from store.documents import Document, close, documents
 from store.engine import writing

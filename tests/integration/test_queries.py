@@ -21,7 +21,7 @@ import pytest
 import sqlalchemy as sa
 
 from billing.sample import generate
-from shared.protocol import PoisonNotice
+from shared.messages import PoisonNotice
 from store import Store, queries, reports
 from store.queries import Filters
 from support.benchmarks import run_benchmark

@@ -19,7 +19,7 @@ import pytest
 import sqlalchemy as sa
 from alembic.script import ScriptDirectory
 
-from shared.protocol import PoisonNotice
+from shared.messages import PoisonNotice
 from store import MIGRATIONS, SCHEMA_REVISION, Store, reports
 from store.engine import create_engine
 from store.schema import held

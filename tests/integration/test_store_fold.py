@@ -18,7 +18,7 @@ from alembic import command
 from alembic.config import Config
 
 from billing.sample import generate
-from shared.protocol import PoisonNotice, WorkItemResult
+from shared.messages import PoisonNotice, WorkItemResult
 from store import MIGRATIONS, Store, reports
 from store.schema import aggregates, batches, held, partials, work_items
 from support import records

@@ -12,8 +12,8 @@ from billing.sample import generate, sample_price_book_bytes, sample_tax_table_b
 from shared import submissions
 from shared.messaging.envelope import ClaimCheck
 from shared.messaging.storage import Storage
-from shared.protocol import parse_request
 from shared.settings import Settings
+from shared.wire import parse_request
 from store import Store
 from store.batches import accounted
 from support.records import manifest, result

@@ -8,7 +8,7 @@ import io
 from dataclasses import replace
 from typing import Any
 
-from shared.protocol import Manifest
+from shared.messages import Manifest
 
 HEADER = ("transaction_id", "account_id", "timestamp", "product", "quantity", "region")
 

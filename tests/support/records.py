@@ -9,7 +9,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from shared.protocol import Manifest, WorkItemResult
+from shared.messages import Manifest, WorkItemResult
 from shared.rules.duplicates import id_hashes
 from shared.rules.schemas import HELD_SCHEMA, PARTIAL_SCHEMA, REJECTED_SCHEMA
 from store import Store

@@ -10,10 +10,11 @@ import sys
 
 import pytest
 
+from shared.messages import WorkHeader
 from shared.messaging.envelope import ClaimCheck
 from shared.messaging.storage import Storage
-from shared.protocol import WorkHeader, work_envelope
 from shared.settings import Settings
+from shared.wire import work_envelope
 
 pytestmark = pytest.mark.usefixtures("settings_env")
 

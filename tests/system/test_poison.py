@@ -1,6 +1,7 @@
 """Poison messages through real role processes on Azurite: they land in ``<queue>-poison`` with the
 right reason, the batch says so (``failed``, not stuck in ``processing``), and ``billing poison``
-lists, shows, replays and purges them; a replay after fixing the cause completes the batch exactly."""
+lists, shows, replays and purges them; a replay after fixing the cause completes the batch exactly. A message
+of a kind no role knows is poison too, and leaves the batch it names as it was."""
 
 from __future__ import annotations
 
@@ -15,12 +16,13 @@ from typing import Any
 import pytest
 
 from billing.sample import generate, sample_price_book_bytes
-from shared.messaging.envelope import ClaimCheck, content_hash
+from shared.messages import WorkHeader
+from shared.messaging.envelope import ClaimCheck, Envelope, content_hash
 from shared.messaging.storage import Storage
-from shared.protocol import WorkHeader, work_envelope
 from shared.refstore import PRICEBOOK, ReferenceStore
 from shared.settings import Settings
-from support.exact import billing, expected, read_raw, report, sorted_records, status
+from shared.wire import work_envelope
+from support.exact import assert_batch_exact, billing, expected, read_raw, report, sorted_records, status
 from support.references import sample_flags
 from support.roles import Roles
 
@@ -124,3 +126,34 @@ def test_malformed_messages_are_poisoned_with_their_reasons_and_purged(settings_
     assert poison_list()[settings_env.input_queues[0]]["count"] == 0
     refused = subprocess.run([sys.executable, "-m", "billing", "poison", "purge"], capture_output=True, text=True)
     assert refused.returncode != 0 and "--all" in refused.stderr
+
+
+async def _send_of_unknown_kind(settings: Settings, batch_id: str) -> None:
+    """A message on the results queue of a kind no role knows, its headers those of results for a work item of
+    ``batch_id``."""
+    async with Storage(settings) as storage:
+        claim_check = ClaimCheck(storage, container=settings.work_container, limit=settings.max_message_bytes)
+        item = {"work_item_id": f"{batch_id}:0", "batch_id": batch_id, "transactions": 1, "groups": 1}
+        envelope = Envelope("refund", {"items": [item], "tables": {}})
+        await claim_check.send(settings.results_queue, envelope, blob_name="unused")
+
+
+def test_a_message_of_a_kind_no_role_knows_is_poisoned_and_leaves_the_batch_it_names_as_it_was(
+    settings_env: Settings, roles: Roles, tmp_path: Path
+) -> None:
+    batch = tmp_path / "batch.csv"
+    generate(1_000, batch, seed=11)
+    billing("submit", str(batch), "--batch-id", "b-kind", *sample_flags(tmp_path / "ref"))
+    roles.burst("initiator")
+    roles.burst("controller")  # the manifest recorded; the work items wait for a processor
+    before = status("b-kind")
+    asyncio.run(_send_of_unknown_kind(settings_env, "b-kind"))
+
+    roles.burst("controller")
+    (entry,) = poison_list()[settings_env.results_queue]["entries"]
+    assert entry["reason"].startswith("unknown_kind: ") and "'refund'" in entry["reason"], entry["reason"]
+    assert json.loads(entry["content"])["kind"] == "refund", "the original content is kept"
+    assert status("b-kind") == before, "no poison notice, no results: the batch is as it was"
+    roles.burst("processor")
+    roles.burst("controller")
+    assert_batch_exact("b-kind", batch)

@@ -19,9 +19,10 @@ from billing.sample import generate
 from initiator.debatch import Cut, Debatch
 from shared import inbox
 from shared.errors import FileRefused, PoisonMessage
-from shared.protocol import REPEATS_SCHEMA, WorkHeader, decode_work, encode_table
+from shared.messages import REPEATS_SCHEMA, WorkHeader
 from shared.rules.batchfile import read_chunks
 from shared.rules.duplicates import id_hashes
+from shared.wire import decode_work, encode_table
 from support.batchfiles import with_raw
 
 HEADER = "transaction_id,account_id,timestamp,product,quantity,region\n"

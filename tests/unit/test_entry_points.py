@@ -1,8 +1,8 @@
 """The roles start without the command line: ``python -m <role>`` runs the role through :mod:`shared.roles`,
 and ``billing`` depends on the roles, never the reverse; ``benchmarks`` depends on the product, never the reverse
 (but that ``billing`` adds their commands where they are installed); the command line and the console read the
-store library, never the controller role's service module; the rating workers' fork server loads no storage
-client."""
+store library, never the controller role's service module; the rating workers' fork server and the store load no
+storage client."""
 
 from __future__ import annotations
 
@@ -22,17 +22,10 @@ import pytest
 from billing.sample import generate, sample_price_book_bytes, sample_tax_table_bytes
 from processor.pool import PRELOAD
 from shared import inbox
-from shared.protocol import (
-    IDS_SCHEMA,
-    REPEATS_SCHEMA,
-    IdsPart,
-    WorkHeader,
-    encode_table,
-    ids_envelope,
-    manifest_envelope,
-    results_envelope,
-)
+from shared.messages import REPEATS_SCHEMA, IdsPart, WorkHeader
 from shared.roles import BUILDERS, ROLES
+from shared.rules.schemas import IDS_SCHEMA
+from shared.wire import encode_table, ids_envelope, manifest_envelope, results_envelope
 from support.modules import loaded_of
 from support.records import manifest, partial, result
 from support.references import sample_files
@@ -196,8 +189,18 @@ def test_the_rating_workers_preload_no_storage_client_or_settings() -> None:
     assert "shared.rules.rating" in loaded
 
 
+def test_the_store_records_messages_without_the_storage_sdk_and_is_read_without_arrow() -> None:
+    """The store records the message types (:mod:`shared.messages`) without the storage SDK that their wire format
+    (:mod:`shared.wire`) loads; a command that only reads the store loads neither, nor Arrow."""
+    probe = "import json, sys; import {}; print(json.dumps(sorted(sys.modules)))"
+    read, recorded = _printed(probe.format("store")), _printed(probe.format("store.recording"))
+    assert loaded_of(read, ("azure", "aiohttp", "pyarrow", "numpy", "shared.messages")) == []
+    assert "shared.messages" in recorded
+    assert loaded_of(recorded, ("azure", "aiohttp", "shared.wire", "shared.messaging")) == []
+
+
 def test_the_controllers_first_apply_imports_nothing_once_it_warmed_up(tmp_path: Path) -> None:
-    """Once the controller has warmed up (``shared.protocol.warm_up``, ``Store.warm_up``), recording a batch whole
+    """Once the controller has warmed up (``shared.wire.warm_up``, ``Store.warm_up``), recording a batch whole
     (its manifest, an ids part, its results) imports no module: its first results do not wait on the SQL thread for
     an import.
     The messages are decoded from their bytes, as the controller gets them; the test builds them in its own process
@@ -213,7 +216,7 @@ def test_the_controllers_first_apply_imports_nothing_once_it_warmed_up(tmp_path:
     probe = f"""
 import base64, json, sys
 from shared.messaging.envelope import Envelope
-from shared.protocol import parse_ids, parse_manifest, parse_results, warm_up
+from shared.wire import parse_ids, parse_manifest, parse_results, warm_up
 from store import Store
 warm_up()
 store = Store("sqlite:///{tmp_path / "store.db"}")
@@ -254,7 +257,7 @@ print(json.dumps([envelope.kind, poisoned, sorted(set(sys.modules) - before)]))
 
 
 def test_an_initiators_first_batch_imports_nothing_once_it_warmed_up(tmp_path: Path) -> None:
-    """Once the initiator has warmed up (``shared.protocol.warm_up``), its first batch (the references read, the
+    """Once the initiator has warmed up (``shared.wire.warm_up``), its first batch (the references read, the
     messy CSV file cut with its repeats and ids, an ids part encoded) imports nothing while the submitter waits."""
     batch = tmp_path / "batch.csv"
     generate(500, batch, messy=True)
@@ -263,7 +266,8 @@ def test_an_initiators_first_batch_imports_nothing_once_it_warmed_up(tmp_path: P
 import io, json, sys
 from initiator.debatch import Debatch
 from shared import inbox
-from shared.protocol import IdsPart, ids_envelope, warm_up
+from shared.messages import IdsPart
+from shared.wire import ids_envelope, warm_up
 from shared.rules.idfilter import IdFilter
 from shared.rules.reference import load_price_book, load_tax_table
 warm_up()

@@ -1,8 +1,9 @@
-"""The wire format: every message the roles exchange, and how its payload is encoded.
+"""How the messages of :mod:`shared.messages` travel: each kind's envelope, built and read back.
 
 Each message kind has a pair of functions (``*_envelope`` builds, ``parse_*`` reads) over the
 generic :class:`~shared.messaging.envelope.Envelope` frame; tables travel as Parquet (dictionary
-encoding, zstd: small, fast, exact types).
+encoding, zstd: small, fast, exact types). A message of a kind no role knows is poison
+(:func:`kind_of`), as is one of a kind the reader does not take.
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ import io
 import logging
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -22,6 +22,7 @@ import pyarrow.parquet as pq
 
 from .errors import FileRefused, PoisonMessage
 from .inbox import Part
+from .messages import REPEATS_SCHEMA, BatchRequest, IdsPart, Kind, Manifest, PoisonNotice, WorkHeader, WorkItemResult
 from .messaging.envelope import ClaimCheck, Envelope
 from .rules.batchfile import CHUNK_SCHEMA, read_chunks
 from .rules.schemas import HELD_SCHEMA, IDS_SCHEMA, PARTIAL_SCHEMA, REJECTED_SCHEMA
@@ -29,9 +30,6 @@ from .rules.schemas import HELD_SCHEMA, IDS_SCHEMA, PARTIAL_SCHEMA, REJECTED_SCH
 if TYPE_CHECKING:  # the poison queue in annotations only: the rating workers decode messages without it
     from .messaging.poison import OnPoisoned
 
-REQUEST, WORK, RESULTS, MANIFEST, POISONED, IDS = "request", "work", "results", "manifest", "poisoned", "ids"
-#: The rows of a text work item's part that repeat an earlier row's transaction id: its payload.
-REPEATS_SCHEMA = pa.schema([("row", pa.int64()), ("repeat_of", pa.int64())])
 T = TypeVar("T")
 _log = logging.getLogger(__name__)
 
@@ -76,114 +74,31 @@ def decode_table(data: bytes | memoryview, *, metadata: bool = False) -> pa.Tabl
     return table if metadata else table.replace_schema_metadata(None)
 
 
-@dataclass(frozen=True)
-class Manifest:
-    """What the initiator tells the controller about a debatched (or refused) batch."""
-
-    batch_id: str
-    source: str
-    rows: int
-    work_items: int
-    pricebook_hash: str
-    taxes_hash: str
-    accepted_at: datetime
-    refused: str | None = None  # a file-level refusal reason; then nothing of the batch counts
-    # Phases as the initiator saw them (None where a phase did not happen, e.g. no item sent).
-    uploaded_at: datetime | None = None  # the client had the file in the inbox
-    first_item_sent_at: datetime | None = None
-    last_item_sent_at: datetime | None = None
-    debatched_at: datetime | None = None  # the whole file read, every work item sent
-    # The ledger's id filter (see store.ids): the merges it held when this batch was debatched, and the
-    # merge that added this batch's ids (None: no filter was used, as before the ledger kept ids).
-    filter_serial: int | None = None
-    id_serial: int | None = None
-    ids: pa.Table | None = None  # IDS_SCHEMA: the payload, the ids no ids part carried; None for a refused batch
-    id_parts: int = 0  # the ids parts sent before it (IdsPart), numbered from 0
-
-    #: The fields that are datetimes on the wire (ISO 8601 text).
-    TIMES = ("accepted_at", "uploaded_at", "first_item_sent_at", "last_item_sent_at", "debatched_at")
-
-
-@dataclass(frozen=True)
-class IdsPart:
-    """Ids of a batch being cut (``IDS_SCHEMA``), sent to the controller before its manifest."""
-
-    batch_id: str
-    part: int
-    ids: pa.Table
-
-
-@dataclass(frozen=True)
-class WorkItemResult:
-    """What the processor made of one work item: the partial aggregates of its ``transactions`` counted,
-    its rejected rows, the rows held as possible duplicates, and the trace context of its rating (a
-    results message carries several work items, each in its own batch's trace)."""
-
-    work_item_id: str
-    batch_id: str
-    transactions: int
-    partials: pa.Table  # PARTIAL_SCHEMA
-    rejects: pa.Table = field(default_factory=REJECTED_SCHEMA.empty_table)
-    held: pa.Table = field(default_factory=HELD_SCHEMA.empty_table)
-    trace: dict[str, str] = field(default_factory=dict)
-    marked: int | None = None  # the header's filter serial (WorkHeader.marked)
-
-    @property
-    def rows(self) -> int:
-        """The work item's rows: counted, rejected or held."""
-        rows: int = self.transactions + self.rejects.num_rows + self.held.num_rows
-        return rows
-
-
-@dataclass(frozen=True)
-class BatchRequest:
-    """``billing submit`` asks the initiator to debatch a file waiting in the inbox."""
-
-    batch_id: str
-    source: str
-    blob_name: str
-    fmt: str
-    pricebook_hash: str
-    taxes_hash: str
-    accepted_at: datetime
-    uploaded_at: datetime | None = None
-
-    #: The fields that are datetimes on the wire (ISO 8601 text).
-    TIMES = ("accepted_at", "uploaded_at")
-
-
-@dataclass(frozen=True)
-class WorkHeader:
-    """Names a work item and where its rows are: a part of the batch's text file in the inbox, its payload
-    then the rows there whose transaction id repeats an earlier row's (``row``, ``repeat_of``); or, without
-    a part, the rows as read in its payload (see :mod:`initiator.debatch`)."""
-
-    work_item_id: str
-    batch_id: str
-    pricebook_hash: str
-    taxes_hash: str
-    rows: int
-    part: Part | None = None
-    #: The id filter's serial the rows were marked against (:mod:`store.ids`); None from an initiator without it.
-    marked: int | None = None
+def kind_of(envelope: Envelope) -> Kind:
+    """What ``envelope`` is, by the kind it names; raises :class:`PoisonMessage` (``unknown_kind``, naming it)
+    if that is no kind a role knows."""
+    try:
+        return Kind(envelope.kind)
+    except ValueError:
+        raise PoisonMessage("unknown_kind", f"no role knows a message of kind {envelope.kind!r}") from None
 
 
 def request_envelope(request: BatchRequest) -> Envelope:
-    return Envelope(REQUEST, _with_times(request.__dict__, BatchRequest.TIMES))
+    return Envelope(Kind.REQUEST, _with_times(request.__dict__, BatchRequest.TIMES))
 
 
 def parse_request(envelope: Envelope) -> BatchRequest:
-    return _build(BatchRequest, _read_times(_expect(envelope, REQUEST), BatchRequest.TIMES))
+    return _build(BatchRequest, _read_times(_expect(envelope, Kind.REQUEST), BatchRequest.TIMES))
 
 
 def work_envelope(header: WorkHeader, encoded: bytes) -> Envelope:
     """A work item; ``encoded`` is :func:`encode_table` of its payload."""
     fields = {**header.__dict__, "part": header.part and header.part.to_json()}
-    return Envelope(WORK, {name: value for name, value in fields.items() if value is not None}, encoded)
+    return Envelope(Kind.WORK, {name: value for name, value in fields.items() if value is not None}, encoded)
 
 
 def parse_work_header(envelope: Envelope) -> WorkHeader:
-    fields = _expect(envelope, WORK)
+    fields = _expect(envelope, Kind.WORK)
     part = fields.get("part")
     return _build(WorkHeader, {**fields, "part": None if part is None else Part.from_json(part)})
 
@@ -243,11 +158,11 @@ def results_envelope(results: list[WorkItemResult]) -> Envelope:
             encoded = encode_table(table)
             sizes[name] = len(encoded)
             payload += encoded
-    return Envelope(RESULTS, {"items": items, "tables": sizes}, bytes(payload))
+    return Envelope(Kind.RESULTS, {"items": items, "tables": sizes}, bytes(payload))
 
 
 def parse_results(envelope: Envelope) -> list[WorkItemResult]:
-    h = _expect(envelope, RESULTS)
+    h = _expect(envelope, Kind.RESULTS)
     tables: dict[str, pa.Table] = {}
     offset = 0
     try:
@@ -288,30 +203,21 @@ def parse_results(envelope: Envelope) -> list[WorkItemResult]:
     return results
 
 
-@dataclass(frozen=True)
-class PoisonNotice:
-    """Tells the controller that a work item went to a poison queue and why."""
-
-    batch_id: str
-    work_item_id: str
-    reason: str
-
-
 def poisoned_envelope(notice: PoisonNotice) -> Envelope:
-    return Envelope(POISONED, dict(notice.__dict__))
+    return Envelope(Kind.POISONED, dict(notice.__dict__))
 
 
 def parse_poisoned(envelope: Envelope) -> PoisonNotice:
-    return _build(PoisonNotice, _expect(envelope, POISONED))
+    return _build(PoisonNotice, _expect(envelope, Kind.POISONED))
 
 
 def work_items_named(kind: str, headers: dict[str, Any]) -> list[tuple[str, str]]:
     """``(batch_id, work_item_id)`` of every work item a message carries, from its headers alone
     (so a message whose payload is unreadable can still be attributed); empty if none can be told."""
     try:
-        if kind == WORK:
+        if kind == Kind.WORK:
             return [(str(headers["batch_id"]), str(headers["work_item_id"]))]
-        if kind == RESULTS:
+        if kind == Kind.RESULTS:
             return [(str(item["batch_id"]), str(item["work_item_id"])) for item in headers["items"]]
     except (KeyError, TypeError):
         pass
@@ -322,11 +228,11 @@ def manifest_envelope(manifest: Manifest) -> Envelope:
     """A manifest; its ids (when it has them) are the payload."""
     headers = {name: value for name, value in manifest.__dict__.items() if name != "ids"}
     payload = b"" if manifest.ids is None else _encode_ids(manifest.ids)
-    return Envelope(MANIFEST, _with_times(headers, Manifest.TIMES), payload)
+    return Envelope(Kind.MANIFEST, _with_times(headers, Manifest.TIMES), payload)
 
 
 def parse_manifest(envelope: Envelope) -> Manifest:
-    fields = _read_times(_expect(envelope, MANIFEST), Manifest.TIMES)
+    fields = _read_times(_expect(envelope, Kind.MANIFEST), Manifest.TIMES)
     if envelope.payload:
         fields["ids"] = _decode(envelope.payload)
         if fields["ids"].schema != IDS_SCHEMA:
@@ -336,7 +242,7 @@ def parse_manifest(envelope: Envelope) -> Manifest:
 
 def ids_envelope(part: IdsPart) -> Envelope:
     """An ids part; its ids are the payload."""
-    return Envelope(IDS, {"batch_id": part.batch_id, "part": part.part}, _encode_ids(part.ids))
+    return Envelope(Kind.IDS, {"batch_id": part.batch_id, "part": part.part}, _encode_ids(part.ids))
 
 
 def _encode_ids(ids: pa.Table) -> bytes:
@@ -345,7 +251,7 @@ def _encode_ids(ids: pa.Table) -> bytes:
 
 
 def parse_ids(envelope: Envelope) -> IdsPart:
-    headers = _expect(envelope, IDS)
+    headers = _expect(envelope, Kind.IDS)
     ids = _decode(envelope.payload)
     if ids.schema != IDS_SCHEMA:
         raise PoisonMessage("bad_payload", "the ids part does not have the expected schema")
@@ -365,9 +271,10 @@ def _read_times(headers: dict[str, Any], names: tuple[str, ...]) -> dict[str, An
         raise PoisonMessage("bad_envelope", f"a time is not ISO 8601: {exc}") from exc
 
 
-def _expect(envelope: Envelope, kind: str) -> dict[str, Any]:
-    if envelope.kind != kind:
-        raise PoisonMessage("unexpected_kind", f"expected a {kind} message, got {envelope.kind!r}")
+def _expect(envelope: Envelope, kind: Kind) -> dict[str, Any]:
+    """The headers of ``envelope``, a message of ``kind``; raises :class:`PoisonMessage` if it is not one."""
+    if (found := kind_of(envelope)) is not kind:
+        raise PoisonMessage("unexpected_kind", f"expected a {kind} message, got a {found} message")
     return envelope.headers
 
 
