@@ -2,7 +2,7 @@
 
 It listens on one loopback port per service (blob, queue) and forwards each request to Azurite
 byte for byte (the SDK's signature stays valid), except that a share of the requests (``rate``) —
-or every request during an outage window — gets a fault instead:
+or every request during an outage window (to some paths only, if it names one) — gets a fault instead:
 
 - ``503``: 503 Server Busy (what Azure Storage answers when it throttles);
 - ``500``: 500 Internal Error;
@@ -58,7 +58,7 @@ class FaultProxy:
         self.kinds = tuple(kinds)
         self.hang = hang
         self._rates = {service: rate if service in set(services) else 0.0 for service in SERVICES}
-        self._outages: dict[str, tuple[float, str]] = {}  # service -> (until, kind)
+        self._outages: dict[str, tuple[float, str, str]] = {}  # service -> (until, kind, path)
         self._armed: list[_Outage] = []
         self._lock = threading.Lock()
         #: Set when an outage starts.
@@ -93,10 +93,12 @@ class FaultProxy:
         services: Iterable[str] = SERVICES,
         after: int = 0,
         method: str = "",
+        path: str = "",
     ) -> None:
-        """Fail every request to ``services`` with ``kind`` for ``seconds``: from now, or once
-        ``after`` more requests (with ``method``, if given) have been forwarded to them."""
-        self._armed.append(_Outage(seconds, kind, tuple(services), after, method))
+        """Fail every request to ``services`` with ``kind`` for ``seconds`` (only those whose path holds ``path``,
+        if given): from now, or once ``after`` more requests (with ``method``, if given) have been forwarded to
+        them."""
+        self._armed.append(_Outage(seconds, kind, tuple(services), after, method, path))
         self._fire()
 
     def restore(self) -> None:
@@ -114,7 +116,7 @@ class FaultProxy:
                 if armed.after <= 0:
                     self._armed.remove(armed)
                     for name in armed.services:
-                        self._outages[name] = (time.monotonic() + armed.seconds, armed.kind)
+                        self._outages[name] = (time.monotonic() + armed.seconds, armed.kind, armed.path)
                     self.outage_began.set()
 
     def total(self, counts: dict[str, Counter[str]], key: str | None = None) -> int:
@@ -150,9 +152,9 @@ class FaultProxy:
             await runner.cleanup()
         await self._session.close()
 
-    def _fault(self, service: str) -> str | None:
-        until, kind = self._outages.get(service, (0.0, ""))
-        if time.monotonic() < until:
+    def _fault(self, service: str, path: str) -> str | None:
+        until, kind, only = self._outages.get(service, (0.0, "", ""))
+        if time.monotonic() < until and only in path:
             return kind
         if self._rng.random() < self._rates[service]:
             return self._rng.choice(self.kinds)
@@ -163,7 +165,7 @@ class FaultProxy:
 
         async def handle(request: web.Request) -> web.StreamResponse:
             body = await request.read()
-            fault = self._fault(service)
+            fault = self._fault(service, request.path)
             if fault is not None:
                 self.injected[service][fault] += 1
             if fault in ("503", "500"):
@@ -208,6 +210,7 @@ class _Outage:
     services: tuple[str, ...]
     after: int
     method: str
+    path: str
 
 
 def _endpoint(connection_string: str, service: str) -> str:

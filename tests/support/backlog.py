@@ -7,13 +7,11 @@ from shared.messaging.storage import Storage
 
 
 async def backlog(storage: Storage) -> list[tuple[str, str]]:
-    """(destination queue, message) for every message in the backlog queues of ``storage``'s secondary,
-    received with a short visibility timeout (they reappear a second later)."""
+    """(destination queue, message) for every message in the backlog queues of ``storage``'s secondary (up to 32
+    a queue), peeked: they stay there, visible to the syphon."""
     assert storage.secondary is not None
     found = []
     for queue in storage.settings.backlog_queues:
-        async for message in storage.secondary.queue(queue).receive_messages(
-            messages_per_page=32, visibility_timeout=1
-        ):
+        for message in await storage.secondary.queue(queue).peek_messages(max_messages=32):
             found.append(parse_backlog_message(message.content))
     return found

@@ -1,21 +1,30 @@
 """Each transaction id billed once across batches, through the real roles and the ``billing`` CLI: a batch that
 re-exports part of an earlier one has those rows rejected as duplicates, a void releases the ids, batches
-submitted side by side and roles killed mid-way stay exact; every batch equal to the reference model, which
-takes the batches in their sequence order."""
+submitted side by side and roles killed mid-way stay exact, a manifest delayed through the backlog keeps its
+batch's place; every batch equal to the reference model, which takes the batches in their sequence order."""
 
 from __future__ import annotations
 
+import asyncio
 import csv
 import hashlib
 from pathlib import Path
+from typing import Any
 
 import pytest
+from pydantic import SecretStr
 
 from benchmarks import reference_model as model
+from benchmarks.fault_proxy import FaultProxy
 from billing.sample import generate, sample_price_book_bytes, sample_tax_table_bytes
+from shared.messaging.envelope import peek_headers
+from shared.messaging.storage import Storage
 from shared.settings import Settings
-from store import BatchStatus, Store
-from support.exact import assert_batch_exact, billing, read_raw, report, status
+from store import BatchState, BatchStatus, Store
+from store.ledger import merges_numbered, unnumbered_batches
+from support.azurite import running_azurite
+from support.backlog import backlog
+from support.exact import assert_batch_exact, billing, billing_process, read_raw, report, status
 from support.roles import Roles
 from support.waiting import wait_until
 
@@ -104,3 +113,65 @@ def test_batches_side_by_side_and_roles_killed_mid_way_stay_exact(
         roles.kill_and_restart("controller")
         assert wait_until(lambda: all(s and s.state == "complete" for s in states()), 300, interval=0.5)
     _check_in_seq_order(_ledger(), files)
+
+
+@pytest.mark.parametrize("sql_url", ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)], indirect=True)
+def test_a_manifest_delayed_through_the_backlog_keeps_its_batchs_place(
+    settings_env: Settings, sql_url: str, roles: Roles, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Batch ``a``'s manifest goes to the backlog (the primary fails its sends to the results queue) and reaches the
+    controller only after that of ``b``, merged after it and repeating half of its ids: ``b`` waits, unnumbered,
+    until ``a``'s comes, then both are numbered in merge order and exact, ``b``'s repeats rejected as duplicates of
+    ``a``'s. Numbered as their manifests came, ``b`` would have counted those ids and ``a`` been refused for
+    sharing them with a batch debatched at the same time. Batch ``zero`` is numbered first: a store waits only for
+    merges after one it has numbered (the first it sees starts its count)."""
+    with running_azurite(tmp_path / "secondary") as secondary:
+        monkeypatch.setenv("BILLING_SQL_URL", sql_url)
+        monkeypatch.setenv("BILLING_SECONDARY_STORAGE_CONNECTION_STRING", secondary.connection_string() or "")
+        monkeypatch.setenv("BILLING_ENABLE_SYPHON", "false")  # the backlog moves when the test runs the syphon
+        settings = Settings()
+        generate(300, tmp_path / "zero.csv", seed=81, reject_rate=0.05)
+        generate(2_000, tmp_path / "a.csv", seed=82, reject_rate=0.05)
+        generate(1_000, tmp_path / "new.csv", seed=83, reject_rate=0.05)
+        files = {
+            "zero": tmp_path / "zero.csv",
+            "a": tmp_path / "a.csv",
+            "b": _write(tmp_path / "b.csv", read_raw(tmp_path / "a.csv")[1_000:] + read_raw(tmp_path / "new.csv")),
+        }
+        billing("reference", "set", "--sample")
+        billing("submit", str(files["zero"]), "--batch-id", "zero")
+        roles.burst("initiator")
+        roles.burst("controller")  # zero's manifest: its items are rated with the others' below
+        assert status("zero")["seq"] == 1
+
+        with FaultProxy(settings.storage_connection_string.get_secret_value()) as proxy:  # type: ignore[union-attr]
+            proxy.outage(3600, kind="500", services=("queue",), path=f"/{settings.results_queue}/messages")
+            primary = SecretStr(proxy.connection_string)
+            failing = settings.model_copy(
+                update={"storage_connection_string": primary, "failover_interval": 0, "retry_total": 0}
+            )
+            billing("submit", str(files["a"]), "--batch-id", "a")
+            roles.burst("initiator", failing)  # a's items go out, its manifest into the backlog
+        billing("submit", str(files["b"]), "--batch-id", "b")
+        _run_roles(roles)
+
+        async def waiting() -> list[tuple[str, tuple[str, dict[str, Any]] | None]]:
+            """(destination, kind and headers) of each message in the backlog."""
+            async with Storage(settings) as storage:
+                return [(to, peek_headers(text)) for to, text in await backlog(storage)]
+
+        [(to, peeked)] = asyncio.run(waiting())
+        assert to == settings.results_queue and peeked is not None
+        assert (peeked[0], peeked[1]["batch_id"], peeked[1]["id_serial"]) == ("manifest", "a", 2)
+        with Store(settings.sql_url_value) as store, store.engine.connect() as conn:
+            assert (unnumbered_batches(conn), merges_numbered(conn)) == (["b"], 1), "b waits for merge 2, a's"
+            b = store.batch("b")
+        assert b is not None and (b.state, b.seq, b.completed_items) == (BatchState.processing, None, b.work_items)
+
+        billing_process("syphon", "--burst")
+        assert asyncio.run(waiting()) == []
+        roles.burst("controller")
+    _check_in_seq_order(_ledger(), files)
+    assert [status(batch_id)["seq"] for batch_id in files] == [1, 2, 3]
+    duplicates = [r for r in report("rejects", "b") if r["reason"] == "duplicate_transaction_id"]
+    assert len(duplicates) > 900, "b repeats a's counted ids"
