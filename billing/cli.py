@@ -33,9 +33,8 @@ from .sql import open_store
 if TYPE_CHECKING:
     from shared.messaging.poison import Action as PoisonAction
     from shared.settings import Settings
-    from store import reports
 
-    from . import client
+    from . import client, reports
 
 console = Console(stderr=True)
 
@@ -279,8 +278,9 @@ def report(
     csv, json and parquet; table and html (one self-contained file, with charts) show currency units. Invoices of
     a closed --period also name the pending difference (what the next close would issue)."""
     from shared.settings import Settings
-    from store import reports  # pandas and the report writers: only for the commands that report
-    from store.queries import Filters
+    from store import Filters
+
+    from . import reports  # pandas and the report writers: only for the commands that report
 
     try:
         filters = Filters(accounts, products, currencies, batch_ids, start and start.date(), end and end.date(), period)
@@ -291,7 +291,7 @@ def report(
     with open_store(settings) as store:
         frame = getattr(reports, kind)(store, one_batch or filters)
         pending = (
-            ledger.pending_report(store.engine, period, accounts, currencies)
+            ledger.pending_report(store, period, accounts, currencies)
             if kind == "invoices" and period and not batch_ids
             else []
         )

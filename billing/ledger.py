@@ -1,7 +1,7 @@
 """``billing reference``, ``billing void``, ``billing close``, ``billing documents``: the commands of the ledger
-(thin: parse, then delegate to :mod:`billing.client` and the store library, :mod:`store.ledger` and
-:mod:`store.documents`). Tables show money in the currency's own units; JSON keeps integer minor units.
-As in :mod:`billing.cli`, what only a command needs is imported when it runs."""
+(thin: parse, then delegate to :mod:`billing.client` and :class:`store.Store`). Tables show money in the
+currency's own units; JSON keeps integer minor units. As in :mod:`billing.cli`, what only a command needs is
+imported when it runs."""
 
 from __future__ import annotations
 
@@ -16,11 +16,8 @@ from shared.localstack import resolve
 from shared.logs import redact
 
 if TYPE_CHECKING:
-    import sqlalchemy as sa
-
     from shared.settings import Settings
-    from store import BatchStatus
-    from store.documents import Document
+    from store import BatchStatus, Document, Store
 
 
 from .sql import open_store
@@ -83,20 +80,20 @@ def void(batch_id: str) -> None:
     batch id stays taken (submitting it again is refused). An unknown, incomplete or voided batch is refused."""
     settings = resolve()
     with open_store(settings) as store:
-        voided = asyncio.run(void_batch(settings, store.engine, batch_id))
+        voided = asyncio.run(void_batch(settings, store, batch_id))
     click.echo(redact(f"batch {batch_id} (seq {voided.seq}) voided: it counts nowhere from now on"))
 
 
-async def void_batch(settings: Settings, engine: sa.Engine, batch_id: str) -> BatchStatus:
-    """Void a batch in the store (:func:`store.ledger.void`: refused with :class:`store.ledger.LedgerError`), then
+async def void_batch(settings: Settings, store: Store, batch_id: str) -> BatchStatus:
+    """Void a batch in the store (refused with :class:`store.LedgerError`), then
     mark it voided in the inbox so that its id is refused when submitted again; also when the store had voided
     it before (a void whose inbox mark was never written). What ``billing void`` and the API do."""
-    from store.ledger import AlreadyVoided, void
+    from store import AlreadyVoided
 
     from . import client
 
     try:
-        voided = await asyncio.to_thread(void, engine, batch_id)
+        voided = await asyncio.to_thread(store.void, batch_id)
     except AlreadyVoided:
         await client.mark_voided(settings, batch_id)
         raise
@@ -111,10 +108,9 @@ def close(period: str) -> None:
     account and currency whose billed amounts changed since its last document of the period, in one
     transaction. With nothing changed it issues nothing and says so."""
     from shared.settings import Settings
-    from store.documents import close as close_period
 
     with open_store(Settings()) as store:
-        issued = close_period(store.engine, period)
+        issued = store.close_period(period)
     click.echo(closing_message(period, issued))
     for doc in issued:
         click.echo(_summary(doc))
@@ -140,10 +136,9 @@ def documents_group() -> None:
 def documents_list(period: str | None, account: str | None, kind: str | None, fmt: str) -> None:
     """List documents by number (JSON: each in full, money in integer minor units)."""
     from shared.settings import Settings
-    from store.documents import documents
 
     with open_store(Settings()) as store:
-        found = documents(store.engine, period=period, account=account, kind=kind)
+        found = store.documents(period=period, account=account, kind=kind)
     if fmt == "json":
         click.echo(json.dumps([doc.to_json_dict() for doc in found], indent=2))
     elif not found:
@@ -163,12 +158,11 @@ def documents_show(number: int, fmt: str, output: Path | None) -> None:
     """Show one document: its head, its lines (per product, with the batches that changed each) and totals; html
     and pdf read and print as an invoice, money in the currency's units (json: integer minor units)."""
     from shared.settings import Settings
-    from store.documents import document
 
     if fmt == "pdf" and output is None:
         raise click.UsageError("--format pdf writes a file: give --output F")
     with open_store(Settings()) as store:
-        found = document(store.engine, number)
+        found = store.document(number)
     if found is None:
         raise click.ClickException(f"no document numbered {number}")
     if fmt == "pdf":
@@ -221,13 +215,12 @@ def _document_table(found: Document) -> str:
     return "\n".join(head + table)
 
 
-def pending_report(engine: sa.Engine, period: str, accounts: tuple[str, ...], currencies: tuple[str, ...]) -> list[str]:
+def pending_report(store: Store, period: str, accounts: tuple[str, ...], currencies: tuple[str, ...]) -> list[str]:
     """What ``billing report invoices --period P`` says of the period's documents: open; or closed, and what its
     next close would issue (the pending difference) for the accounts and currencies asked for (empty: any)."""
     from shared.rules.reference import money
-    from store.documents import periods
 
-    found = periods(engine, period)
+    found = store.periods(period)
     if not found or not found[0].closed:
         return [f"period {period} is open: it was never closed"]
     pending = [
