@@ -6,7 +6,7 @@ Each run is :func:`benchmarks.pipeline.run_pipeline`'s: a fresh Azurite and stor
 ``billing submit --wait`` timed, CPU and peak RSS per role. Before the roles start, the store is migrated and
 the large ledger loaded in bulk (:func:`load_ledger`: synthetic ids of complete batches, each sorted by hash
 into the segment the controller would have given it) and its id filter written to the run's Azurite as the
-initiators keep it (:mod:`initiator.ledger_filter`). The runs go empty, loaded, empty again.
+initiators keep it (:mod:`initiator.id_filter`). The runs go empty, loaded, empty again.
 
 :class:`InProcess`, :class:`Cut` and :func:`apply` run the roles' code on batches in one process, for tests.
 """
@@ -39,20 +39,20 @@ from rich.table import Table
 
 from billing.sample import sample_price_book_bytes, sample_tax_table_bytes
 from initiator.debatch import Debatch
-from initiator.ledger_filter import BLOB, SERIAL
+from initiator.id_filter import BLOB, SERIAL
 from processor.jobs import rate_work_items
 from shared import inbox
 from shared.messages import IdsPart, Manifest, WorkHeader, WorkItemResult
 from shared.messaging.storage import Storage
+from shared.rules.bloom import IdFilter
 from shared.rules.duplicates import id_hashes
-from shared.rules.idfilter import IdFilter
 from shared.rules.reference import load_price_book, load_tax_table
 from shared.settings import Settings
 from shared.wire import decode_table, parse_results
 from store import BatchState, Store
 from store.engine import writing
-from store.ids import ID_KEYS, IDS, SEGMENT_ROWS, insert_ids
-from store.ledger import BATCH_SEQ
+from store.ledger.ids import ID_KEYS, IDS, SEGMENT_ROWS, insert_ids
+from store.ledger.numbers import BATCH_SEQ
 from store.schema import batches, counters
 
 from .pipeline import DEFAULT_FILE, DEFAULT_STORE, PipelineRun, _batch_file, run_pipeline
@@ -105,7 +105,7 @@ class InProcess:
         ``marked_with`` (a copy of the filter taken earlier) or else the filter now, the manifest and the ids parts
         taken before it; the ids merged into the filter. Each work item names the serial it was marked against (none
         for ``marked_with``, whose serial this instance does not know)."""
-        debatch = Debatch(work_item_size=self.work_item_size, ledger=marked_with or self.filter)
+        debatch = Debatch(work_item_size=self.work_item_size, id_filter=marked_with or self.filter)
         blob, frames = inbox.in_memory(io.BytesIO(data), inbox.frame_bytes(len(data)))
         work: list[tuple[WorkHeader, bytes, bytes]] = []
         parts: list[IdsPart] = []
@@ -348,7 +348,7 @@ def _load_filter(settings: Settings, ids: int, source: Path) -> tuple[float, int
 
 
 async def _write_filter(settings: Settings, data: bytes, serial: int) -> None:
-    """The filter blob as :class:`initiator.ledger_filter.SharedFilter`'s first merge writes it: its serial the
+    """The filter blob as :class:`initiator.id_filter.SharedFilter`'s first merge writes it: its serial the
     number of batches merged, written only where none is stored yet."""
     async with Storage(settings) as storage:
         await storage.ensure(containers=[settings.work_container])
@@ -360,7 +360,7 @@ async def _write_filter(settings: Settings, data: bytes, serial: int) -> None:
 
 def _marked_rows(source: Path, ledger: IdFilter, work_item_size: int) -> int:
     """The rows of a CSV batch that the initiator's marking holds for the exact check against ``ledger``."""
-    debatch = Debatch(work_item_size=work_item_size, ledger=ledger)
+    debatch = Debatch(work_item_size=work_item_size, id_filter=ledger)
     with source.open("rb") as stream:
         marked = (
             pc.sum(pc.greater(decode_table(cut.payload)["repeat_of"], 0)).as_py()

@@ -37,13 +37,13 @@ from pydantic import SecretStr
 from rich.console import Console
 from rich.table import Table
 
-from billing import cost
+from billing import cost, reports
 from billing.demo import role_processes
 from billing.sample import generate, write_price_book, write_tax_table
 from shared.localstack import AzuriteStack
 from shared.messaging.service import STATE_INTERVAL
 from shared.settings import Settings
-from store import BatchStatus, Store, reports
+from store import MONEY_COLUMNS, BatchStatus, Store
 
 from . import listener as listenbench
 from .cpu import Sampler, busy, tree_cpu_seconds
@@ -258,7 +258,7 @@ def _billed(sql: Store, batch_ids: list[str]) -> _Billed:
         frame = reports.aggregates(sql, batch_id)[reports.AGGREGATE_COLUMNS]
         digest.update(frame.to_csv(index=False).encode())
         for currency, group in frame.groupby("currency"):
-            sums = totals.setdefault(str(currency), dict.fromkeys(("transactions", *reports.MONEY_COLUMNS), 0))
+            sums = totals.setdefault(str(currency), dict.fromkeys(("transactions", *MONEY_COLUMNS), 0))
             for column in sums:
                 sums[column] += sum(int(value) for value in group[column])
     return _Billed(totals=dict(sorted(totals.items())), digest=digest.hexdigest())

@@ -19,8 +19,7 @@ from typing import Any
 import click
 import sqlalchemy as sa
 
-from store import Store, queries
-from store.queries import Filters
+from store import Filters, Store
 
 DAYS = 365
 _CHUNK = 1_000_000
@@ -68,7 +67,7 @@ def measure(store: Store, *, accounts: int, repeat: int, period: str = "2026-03"
     for n in range(repeat):
         filters = Filters(accounts=(f"acct-{(n * step) % accounts:06d}",), period=period)
         started = time.perf_counter()
-        result = queries.invoices(store, filters)
+        result = store.invoices(filters)
         timings.append((time.perf_counter() - started) * 1000)
         found += len(result.rows)
     with store.engine.connect() as conn:

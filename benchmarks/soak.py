@@ -51,12 +51,12 @@ from pydantic import SecretStr
 from rich.console import Console
 from rich.table import Table
 
-from billing import poison
+from billing import poison, reports
 from billing.demo import role_processes, start_role
 from billing.sample import generate, sample_price_book_bytes, sample_tax_table_bytes
 from shared.localstack import AzuriteStack
 from shared.settings import Settings
-from store import FINAL_STATES, BatchStatus, Store, reports
+from store import FINAL_STATES, BatchStatus, Store
 
 from .expected import Expected, expected
 from .fault_proxy import SLOW, FaultProxy
@@ -89,7 +89,7 @@ SETTLE_TIMEOUT = 600.0  # seconds, after the faults, for every batch to end
 DRAIN_TIMEOUT = 120.0  # seconds, after that, for every queue to be empty
 #: Poison reasons of a message whose work is counted already (a late copy).
 ACCOUNTED_POISON = frozenset({"missing_claim_check"})
-#: What the ledger's refusal of a batch debatched at the same time as an earlier one says (:mod:`store.ids`).
+#: What the ledger's refusal of a batch debatched at the same time as an earlier one says (:mod:`store.ledger.ids`).
 SUBMIT_AGAIN = "debatched at the same time"
 #: How much longer than its minutes a soak may go on to submit its ``min_batches``.
 OVERTIME = 3.0

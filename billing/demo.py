@@ -21,9 +21,9 @@ from billing.sample import generate, write_price_book, write_tax_table
 from shared.localstack import resolve
 from shared.rules.reference import money
 from shared.settings import Settings
-from store import Store, reports
+from store import Store
 
-from . import client, progress
+from . import client, progress, reports
 
 
 def start_role(role: str, env: Mapping[str, str], log: Path, *, cgroup: Path | None = None) -> subprocess.Popen[bytes]:

@@ -7,23 +7,20 @@ import asyncio
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    import sqlalchemy as sa
-
     from shared.settings import Settings
-    from store import BatchStatus
-    from store.documents import Document
+    from store import BatchStatus, Document, Store
 
 
-async def void_batch(settings: Settings, engine: sa.Engine, batch_id: str) -> BatchStatus:
-    """Void a batch in the store (:func:`store.ledger.void`: refused with :class:`store.ledger.LedgerError`), then
+async def void_batch(settings: Settings, store: Store, batch_id: str) -> BatchStatus:
+    """Void a batch in the store (refused with :class:`store.LedgerError`), then
     mark it voided in the inbox so that its id is refused when submitted again; also when the store had voided
     it before (a void whose inbox mark was never written). What ``billing void`` and the API do."""
-    from store.ledger import AlreadyVoided, void
+    from store import AlreadyVoided
 
     from . import client
 
     try:
-        voided = await asyncio.to_thread(void, engine, batch_id)
+        voided = await asyncio.to_thread(store.void, batch_id)
     except AlreadyVoided:
         await client.mark_voided(settings, batch_id)
         raise
@@ -38,13 +35,12 @@ def closing_message(period: str, issued: list[Document]) -> str:
     return f"period {period}: issued {len(issued)} document(s), numbers {issued[0].number} to {issued[-1].number}"
 
 
-def pending_report(engine: sa.Engine, period: str, accounts: tuple[str, ...], currencies: tuple[str, ...]) -> list[str]:
+def pending_report(store: Store, period: str, accounts: tuple[str, ...], currencies: tuple[str, ...]) -> list[str]:
     """What ``billing report invoices --period P`` says of the period's documents: open; or closed, and what its
     next close would issue (the pending difference) for the accounts and currencies asked for (empty: any)."""
     from shared.rules.reference import money
-    from store.documents import periods
 
-    found = periods(engine, period)
+    found = store.periods(period)
     if not found or not found[0].closed:
         return [f"period {period} is open: it was never closed"]
     pending = [

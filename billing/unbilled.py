@@ -32,10 +32,9 @@ if TYPE_CHECKING:
 def unbilled(settings: Settings, store: Store) -> list[InboxFile] | None:
     """The inbox's files that no batch in ``store`` accounts for, oldest first; None (and a line on stderr)
     when storage cannot be reached: the rest of ``billing status`` still shows."""
-    from store.batches import accounted
 
     async def known(batch_ids: list[str]) -> Collection[str]:
-        return accounted(store.engine, batch_ids)
+        return store.accounted(batch_ids)
 
     async def find() -> list[InboxFile]:
         async with Storage(settings) as storage:
@@ -72,12 +71,10 @@ def echo(files: Sequence[InboxFile] | None) -> None:
 def resubmit(batch_id: str) -> None:
     """``billing resubmit``: send again the request of a batch whose file sits in the inbox and that no batch
     accounts for; one already accounted for, or without a file in the inbox, is refused."""
-    from store.batches import accounted
-
     check_batch_id(batch_id)
     settings = resolve()
     with open_store(settings) as store:
-        if accounted(store.engine, [batch_id]):
+        if store.accounted([batch_id]):
             found = store.batch(batch_id)
             state = found.state if found is not None else "known"
             raise InputError(f"batch {batch_id} is already accounted for ({state}): nothing sent")

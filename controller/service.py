@@ -41,7 +41,6 @@ from shared.wire import (
     warm_up,
 )
 from store import Store
-from store import batches as store_batches
 
 log = logging.getLogger(__name__)
 
@@ -166,7 +165,7 @@ class Controller(Service):
 
         Costs storage requests only when a batch is due: finding batches is a SQL query.
         """
-        settled = await self._in_sql_thread(functools.partial(self.store.apply, [], []))  # batches left waiting
+        settled = await self._in_sql_thread(self.store.sweep)
         for batch_id in settled.completed_batches:
             log.info("batch %s complete (it waited for an earlier batch)", batch_id)
         settled_before = datetime.now(UTC) - timedelta(seconds=self.settings.claim_check_retention)
@@ -181,7 +180,7 @@ class Controller(Service):
         Costs a listing of the inbox a look; more requests only for such files."""
 
         def accounted(batch_ids: list[str]) -> asyncio.Future[set[str]]:
-            return self._in_sql_thread(functools.partial(store_batches.accounted, self.store.engine, batch_ids))
+            return self._in_sql_thread(functools.partial(self.store.accounted, batch_ids))
 
         age = self.settings.unbilled_resend_age
         resent = await resend_stale(self.storage, self.settings, age, accounted)

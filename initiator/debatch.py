@@ -3,7 +3,7 @@
 That is reading the file (a file that cannot be read is refused whole) and telling, in one pass over the
 transaction ids, which rows repeat an earlier row's id (:class:`~shared.rules.duplicates.FirstOccurrences`)
 and which first occurrences may repeat an id of an earlier batch (the ledger's
-:class:`~shared.rules.idfilter.IdFilter`): those are marked as repeats of themselves, so that the processors
+:class:`~shared.rules.bloom.IdFilter`): those are marked as repeats of themselves, so that the processors
 hold them for the controller's exact check. The batch's ids (each first occurrence's row and id, and their
 hashes) are kept for the controller (in parts as they are cut, the rest with the manifest) and for the filter.
 Validation and rating are the processors', so that they scale out with them. A text file's work item is a
@@ -35,8 +35,8 @@ from shared.errors import FileRefused
 from shared.inbox import Frame, Part
 from shared.messages import REPEATS_SCHEMA
 from shared.rules.batchfile import line_count, read_chunks
+from shared.rules.bloom import IdFilter
 from shared.rules.duplicates import FirstOccurrences
-from shared.rules.idfilter import IdFilter
 from shared.rules.schemas import IDS_SCHEMA
 from shared.wire import encode_table
 
@@ -56,13 +56,13 @@ class Cut:
 
 class Debatch:
     """Cuts one batch file into work items of at least ``work_item_size`` rows (text: whole frames; the last
-    ones smaller) or at most that many (Parquet), first occurrences that ``ledger`` may hold marked. The counts
+    ones smaller) or at most that many (Parquet), first occurrences that ``id_filter`` may hold marked. The counts
     and :meth:`ids` are final once the items are exhausted."""
 
-    def __init__(self, *, work_item_size: int, ledger: IdFilter | None = None) -> None:
+    def __init__(self, *, work_item_size: int, id_filter: IdFilter | None = None) -> None:
         self._work_item_size = work_item_size
         self._first = FirstOccurrences()
-        self._ledger = ledger
+        self._id_filter = id_filter
         self._ids: list[pa.Table] = []
         self._hashes: list[np.ndarray] = []
         self.rows = self.work_items = 0
@@ -182,8 +182,8 @@ class Debatch:
         self._ids.append(pa.table([pa.array(rows[first]), ids.take(pa.array(first))], schema=IDS_SCHEMA))
         hashes = every_hash[first]
         self._hashes.append(hashes)
-        if self._ledger is not None:
-            held = first[self._ledger.might_contain(hashes)]
+        if self._id_filter is not None:
+            held = first[self._id_filter.might_contain(hashes)]
             repeat_of[held] = rows[held]
         return repeat_of
 

@@ -36,7 +36,7 @@ from shared.submissions import mark_taken
 from shared.wire import ids_envelope, manifest_envelope, parse_request, warm_up, work_envelope
 
 from .debatch import Cut, Debatch
-from .ledger_filter import SharedFilter
+from .id_filter import SharedFilter
 from .pipe import BlockPipe
 
 log = logging.getLogger(__name__)
@@ -83,8 +83,8 @@ class Initiator(Service):
         _map_large_allocations()
         self.claim_check = ClaimCheck(storage, container=settings.work_container, limit=settings.max_message_bytes)
         self.references = ReferenceStore(storage, container=settings.reference_container)
-        self.ledger = SharedFilter(storage, container=settings.work_container, bits=settings.ledger_filter_bits)
-        self.repeat(None, self.ledger.load)  # read once as it starts, not when the first batch waits for it
+        self.id_filter = SharedFilter(storage, container=settings.work_container, bits=settings.ledger_filter_bits)
+        self.repeat(None, self.id_filter.load)  # read once as it starts, not when the first batch waits for it
         self.repeat(None, functools.partial(asyncio.to_thread, warm_up))  # the same for Arrow's imports
         self._sends = asyncio.Semaphore(settings.max_concurrent_sends)
         # Files are cut on one thread of their own: allocations spread over many threads keep a malloc
@@ -131,8 +131,8 @@ class Initiator(Service):
             # The processors rate with them: a batch whose reference data is missing or invalid is refused now.
             load_price_book(await self.references.get(PRICEBOOK, request.pricebook_hash))
             load_tax_table(await self.references.get(TAXES, request.taxes_hash))
-            debatch = Debatch(work_item_size=self.settings.work_item_size, ledger=await self.ledger.load())
-            marked = self.ledger.serial
+            debatch = Debatch(work_item_size=self.settings.work_item_size, id_filter=await self.id_filter.load())
+            marked = self.id_filter.serial
             async with self._cuts(request, debatch) as cuts:
                 await self._enqueue(request, cuts, debatch, phases, marked)
         except InputError as exc:
@@ -140,7 +140,7 @@ class Initiator(Service):
                 raise
             log.warning("batch %s refused: %s", request.batch_id, exc)
             return await self._report(request, None, phases, refused=str(exc))
-        merged = await self.ledger.merge(request.batch_id, debatch.hashes())
+        merged = await self.id_filter.merge(request.batch_id, debatch.hashes())
         return await self._report(request, debatch, phases, serials=(marked, merged))
 
     @asynccontextmanager

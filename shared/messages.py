@@ -61,7 +61,7 @@ class WorkHeader:
     taxes_hash: str
     rows: int
     part: Part | None = None
-    #: The id filter's serial the rows were marked against (:mod:`store.ids`); None from an initiator without it.
+    #: The id filter's serial the rows were marked against (:mod:`store.ledger.ids`); None from an initiator without it.
     marked: int | None = None
 
 
@@ -104,7 +104,7 @@ class Manifest:
     first_item_sent_at: datetime | None = None
     last_item_sent_at: datetime | None = None
     debatched_at: datetime | None = None  # the whole file read, every work item sent
-    # The ledger's id filter (see store.ids): the merges it held when this batch was debatched, and the
+    # The ledger's id filter (see store.ledger.ids): the merges it held when this batch was debatched, and the
     # merge that added this batch's ids (None: no filter was used, as before the ledger kept ids).
     filter_serial: int | None = None
     id_serial: int | None = None

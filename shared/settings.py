@@ -63,7 +63,7 @@ class Settings(BaseSettings):
     # (the rest with the manifest), so that they are recorded while the file is still being cut. Like the work
     # item size, the same on every initiator (one cutting a file again sends the same parts).
     ids_part_rows: int = Field(default=300_000, ge=1)
-    # The ledger's id filter (initiator/ledger_filter.py): its size in bits, a power of two, fixed when the
+    # The ledger's id filter (initiator/id_filter.py): its size in bits, a power of two, fixed when the
     # filter is first written; 12 bits an id keep false candidates near 1 % (docs/configuration.md).
     ledger_filter_bits: int = Field(default=1 << 24, ge=64)
     max_message_bytes: int = Field(default=64 * 1024, ge=1024)

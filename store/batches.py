@@ -15,11 +15,12 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict, cast
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 
+from .engine import CHUNK, chunks
 from .schema import batches
 
 if TYPE_CHECKING:  # the message types in annotations only: a command that only reads the store loads no Arrow
@@ -71,7 +72,7 @@ class BatchStatus:
     #: The batch's number in acceptance order (None until accepted; never for a refused batch).
     seq: int | None = None
     voided_at: datetime | None = None
-    #: Its counted rows of a period closed before it completed, per period (see :mod:`store.ledger`).
+    #: Its counted rows of a period closed before it completed, per period (see :mod:`store.ledger.periods`).
     late: dict[str, int] = field(default_factory=dict, hash=False)
     #: The earlier batch it waits for, every work item in: it shares ids with that one, still running.
     waiting_for: str | None = None
@@ -80,7 +81,7 @@ class BatchStatus:
 
     @property
     def voided(self) -> bool:
-        """Whether the batch was voided (it then counts nowhere; see :mod:`store.ledger`)."""
+        """Whether the batch was voided (it then counts nowhere; see :mod:`store.ledger.numbers`)."""
         return self.voided_at is not None
 
     @property
@@ -138,39 +139,78 @@ _LOCK_BATCHES = (
     .with_for_update()
 )
 _UPDATE_BATCH = sa.update(batches).where(batches.c.batch_id == sa.bindparam("row_batch_id"))
-#: Batch ids looked up per statement (SQLite binds at most 32,766 parameters).
-_IN_CHUNK = 1000
 
 
-def lock_batches(conn: sa.Connection, batch_ids: list[str], now: datetime) -> dict[str, dict[str, Any]]:
+class BatchRow(TypedDict):
+    """A row of ``batches`` as the transaction that records results reads and changes it (:func:`lock_batches`);
+    :func:`update_batch` writes it back."""
+
+    batch_id: str
+    source: str
+    state: str
+    rows: int
+    accepted: int
+    rejected: int
+    work_items: int | None
+    completed_items: int
+    poisoned_items: int
+    transactions_recorded: int
+    pricebook_hash: str | None
+    taxes_hash: str | None
+    refused_reason: str | None
+    accepted_at: datetime | None
+    uploaded_at: datetime | None
+    first_item_sent_at: datetime | None
+    last_item_sent_at: datetime | None
+    debatched_at: datetime | None
+    completed_at: datetime | None
+    latency_seconds: float | None
+    requests: int
+    updated_at: datetime
+    claims_deleted_at: datetime | None
+    seq: int | None
+    voided_at: datetime | None
+    filter_serial: int | None
+    id_serial: int | None
+    id_segment: int | None
+    id_key: int | None
+    waiting_for: str | None
+    id_parts: int
+    id_parts_recorded: int
+
+
+def lock_batches(conn: sa.Connection, batch_ids: list[str], now: datetime) -> dict[str, BatchRow]:
     """Create missing batch rows (state ``processing``), then lock all of them in id order."""
     conn.execute(
         _NEW_BATCH[conn.dialect.name], [{**_NEW_BATCH_ROW, "batch_id": b, "updated_at": now} for b in batch_ids]
     )
-    return {row["batch_id"]: dict(row) for row in conn.execute(_LOCK_BATCHES, {"batch_ids": batch_ids}).mappings()}
+    locked = conn.execute(_LOCK_BATCHES, {"batch_ids": batch_ids}).mappings()
+    return {row["batch_id"]: cast(BatchRow, dict(row)) for row in locked}
 
 
-def fill_from_manifest(row: dict[str, Any], manifest: Manifest) -> None:
+def fill_from_manifest(row: BatchRow, manifest: Manifest) -> None:
     """What a batch's manifest tells of it, into its row."""
     row.update(
-        source=manifest.source,
-        rows=manifest.rows,
-        work_items=manifest.work_items,
-        pricebook_hash=manifest.pricebook_hash,
-        taxes_hash=manifest.taxes_hash,
-        refused_reason=manifest.refused,
-        accepted_at=manifest.accepted_at,
-        uploaded_at=manifest.uploaded_at,
-        first_item_sent_at=manifest.first_item_sent_at,
-        last_item_sent_at=manifest.last_item_sent_at,
-        debatched_at=manifest.debatched_at,
-        id_serial=manifest.id_serial,
-        id_parts=manifest.id_parts,
+        {
+            "source": manifest.source,
+            "rows": manifest.rows,
+            "work_items": manifest.work_items,
+            "pricebook_hash": manifest.pricebook_hash,
+            "taxes_hash": manifest.taxes_hash,
+            "refused_reason": manifest.refused,
+            "accepted_at": manifest.accepted_at,
+            "uploaded_at": manifest.uploaded_at,
+            "first_item_sent_at": manifest.first_item_sent_at,
+            "last_item_sent_at": manifest.last_item_sent_at,
+            "debatched_at": manifest.debatched_at,
+            "id_serial": manifest.id_serial,
+            "id_parts": manifest.id_parts,
+        }
     )
     marked_with(row, manifest.filter_serial)
 
 
-def marked_with(row: dict[str, Any], serial: int | None) -> None:
+def marked_with(row: BatchRow, serial: int | None) -> None:
     """Lower a batch's ``filter_serial`` to ``serial``, the filter some of its rows were marked against. A batch
     cut again after its initiator died has work items of each cut (those recorded first count), each marked against
     the filter of its time: the ledger must compare it with every batch the oldest of them could not hold."""
@@ -178,14 +218,14 @@ def marked_with(row: dict[str, Any], serial: int | None) -> None:
         row["filter_serial"] = serial
 
 
-def count(row: dict[str, Any], accepted: int, rejected: int) -> None:
+def count(row: BatchRow, accepted: int, rejected: int) -> None:
     """Add rows accepted (counted in the aggregates) and rejected to a batch's row."""
     row["accepted"] += accepted
     row["transactions_recorded"] += accepted
     row["rejected"] += rejected
 
 
-def next_state(row: Mapping[str, Any]) -> BatchState | None:
+def next_state(row: BatchRow) -> BatchState | None:
     """The final state a batch moves to now that every work item and ids part is accounted for, if it moves (``failed``
     may still become ``complete`` when its poisoned items are replayed)."""
     if row["state"] in SETTLED:
@@ -199,21 +239,21 @@ def next_state(row: Mapping[str, Any]) -> BatchState | None:
     return None if state == row["state"] else state
 
 
-def _accounted(row: Mapping[str, Any]) -> bool:
-    """Whether the manifest, every work item and every ids part (:mod:`store.ids`) of a batch are recorded, and the
-    batch numbered (:func:`store.ledger.number_batches`)."""
+def _accounted(row: BatchRow) -> bool:
+    """Whether the manifest, every work item and every ids part (:mod:`store.ledger.ids`) of a batch are recorded,
+    and the batch numbered (:func:`store.ledger.numbers.number_batches`)."""
     items = row["work_items"] is not None and row["completed_items"] + row["poisoned_items"] >= row["work_items"]
     return items and row["id_parts_recorded"] >= row["id_parts"] and row["seq"] is not None
 
 
-def settle(row: dict[str, Any], state: BatchState, now: datetime) -> None:
+def settle(row: BatchRow, state: BatchState, now: datetime) -> None:
     """Move a batch to a final state (see :func:`next_state`)."""
     row["state"] = state.value
     row["completed_at"] = now
     row["latency_seconds"] = (now - row["accepted_at"]).total_seconds() if row["accepted_at"] else None
 
 
-def update_batch(conn: sa.Connection, row: dict[str, Any], now: datetime) -> None:
+def update_batch(conn: sa.Connection, row: BatchRow, now: datetime) -> None:
     """Write a batch's row as it now is."""
     values = {k: v for k, v in row.items() if k != "batch_id"} | {"updated_at": now}
     conn.execute(_UPDATE_BATCH, {**values, "row_batch_id": row["batch_id"]})
@@ -235,15 +275,14 @@ def waiting_batches(conn: sa.Connection) -> list[str]:
 def accounted(engine: sa.Engine, batch_ids: Iterable[str]) -> set[str]:
     """Those of ``batch_ids`` the store accounts for: their manifest is recorded (accepted or refused), so the
     initiator took their request and finished with their file."""
-    ids = list(batch_ids)
     query = sa.select(batches.c.batch_id).where(
         batches.c.batch_id.in_(sa.bindparam("ids", expanding=True)),
         sa.or_(batches.c.work_items.is_not(None), batches.c.refused_reason.is_not(None)),
     )
     found: set[str] = set()
     with engine.connect() as conn:
-        for start in range(0, len(ids), _IN_CHUNK):
-            found.update(conn.scalars(query, {"ids": ids[start : start + _IN_CHUNK]}))
+        for chunk in chunks(batch_ids, CHUNK):
+            found.update(conn.scalars(query, {"ids": chunk}))
     return found
 
 
@@ -253,9 +292,9 @@ def status(row: sa.RowMapping, late: Mapping[str, int] | None = None, stalled: s
     return BatchStatus(**{**values, "state": BatchState(values["state"]), "late": dict(late or {}), "stalled": stalled})
 
 
-def stalled(row: Mapping[str, Any] | sa.RowMapping, merges_numbered: int) -> str:
+def stalled(row: BatchRow | sa.RowMapping, merges_numbered: int) -> str:
     """Why a batch still ``processing`` makes no progress, as far as the store can tell (``merges_numbered``: every
-    merge up to it is numbered, :mod:`store.ledger`)."""
+    merge up to it is numbered, :mod:`store.ledger.numbers`)."""
     if row["work_items"] is None:
         return "no manifest yet: its initiator still cuts it, or the manifest is on its way (or in a poison queue)"
     missing = row["work_items"] - row["completed_items"] - row["poisoned_items"]

@@ -1,24 +1,31 @@
-"""The SQL store: :class:`Store` opens it (migrated), records results (:mod:`store.recording`) and reads batches."""
+"""The SQL store: :class:`Store` opens it (migrated), records results (:mod:`store.recording`), keeps the ledger
+(:mod:`store.ledger`) and reads batches and reports (:mod:`store.queries`): the one face callers use."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from types import TracebackType
-from typing import TYPE_CHECKING, Self, TypeVar
+from typing import TYPE_CHECKING, Any, Self, TypeVar
 
 import sqlalchemy as sa
 
 from . import migrate as migrations
-from .batches import ApplyOutcome, BatchState, BatchStatus, stalled, status, waiting_batches
+from . import queries
+from .batches import ApplyOutcome, BatchState, BatchStatus, accounted, stalled, status, waiting_batches
 from .engine import Patience, open_engine, writing
-from .ledger import late, merges_numbered
+from .ledger import documents, numbers
+from .ledger.numbers import merges_numbered
+from .ledger.periods import late
 from .schema import batches
 
 if TYPE_CHECKING:  # in annotations only: the store runs without the Azure SDK, and only recording loads Arrow
     from azure.core.credentials import TokenCredential
 
     from shared.messages import IdsPart, Manifest, PoisonNotice, WorkItemResult
+
+    from .ledger.documents import Difference, Document, Period
+    from .queries import Dimension, Filters, Result
 
 
 T = TypeVar("T")
@@ -49,7 +56,7 @@ class Store:
 
     @property
     def engine(self) -> sa.Engine:
-        """The SQLAlchemy engine (for reports)."""
+        """The SQLAlchemy engine, for tests and benchmarks that look below this face."""
         return self._engine
 
     @property
@@ -108,6 +115,10 @@ class Store:
         """Load what :meth:`apply` needs (Arrow, the ledger's code) now: the first results then wait for no import."""
         from . import recording  # noqa: F401
 
+    def sweep(self) -> ApplyOutcome:
+        """Decide the batches left waiting for an earlier batch (:meth:`waiting`) that can be decided now."""
+        return self.apply([], [])
+
     def waiting(self) -> list[str]:
         """Batches whose work items are all recorded, waiting for an earlier batch they share ids with (an
         ``apply``, even of nothing, decides those it can)."""
@@ -120,7 +131,80 @@ class Store:
             update = sa.update(batches).where(batches.c.batch_id == batch_id)
             conn.execute(update.values(claims_deleted_at=datetime.now(UTC)))
 
+    # -- the ledger ----------------------------------------------------------------------------------
+
+    def close_period(self, period: str, *, now: datetime | None = None) -> list[Document]:
+        """Close ``period`` (``YYYY-MM``): its documents issued in one transaction (:mod:`store.ledger.documents`);
+        :class:`~store.LedgerError` for a period that cannot be closed."""
+        return documents.close(self._engine, period, now=now)
+
+    def void(self, batch_id: str, *, now: datetime | None = None) -> BatchStatus:
+        """Void a complete batch (:func:`store.ledger.numbers.void`); its status after."""
+        return numbers.void(self._engine, batch_id, now=now)
+
+    def pending(self, period: str) -> list[Difference]:
+        """What closing ``period`` now would issue; nothing is written."""
+        return documents.pending(self._engine, period)
+
+    def periods(self, only: str | None = None) -> list[Period]:
+        """Every period with billed rows or documents, newest first (or only ``only``)."""
+        return documents.periods(self._engine, only)
+
+    def documents(
+        self,
+        *,
+        period: str | None = None,
+        account: str | None = None,
+        kind: str | None = None,
+        limit: int | None = None,
+        offset: int = 0,
+    ) -> list[Document]:
+        """The documents issued, by number, of a period, an account, a kind (None: any)."""
+        return documents.documents(self._engine, period=period, account=account, kind=kind, limit=limit, offset=offset)
+
+    def document(self, number: int) -> Document | None:
+        """The document numbered ``number``, if issued."""
+        return documents.document(self._engine, number)
+
     # -- reads ----------------------------------------------------------------------------------------
+
+    def accounted(self, batch_ids: Sequence[str]) -> set[str]:
+        """Those of ``batch_ids`` whose manifest is recorded: an initiator took their request, finished their file."""
+        return accounted(self._engine, batch_ids)
+
+    def totals(
+        self, by: Sequence[Dimension], filters: Filters | None = None, *, limit: int | None = None, offset: int = 0
+    ) -> Result:
+        """The aggregates matching ``filters`` summed per ``by`` and currency (:func:`store.queries.totals`)."""
+        return queries.totals(self._engine, by, filters, limit=limit, offset=offset)
+
+    def aggregates(self, filters: Filters | None = None, *, limit: int | None = None, offset: int = 0) -> Result:
+        """Per account, product, billing day and currency."""
+        return queries.totals(self._engine, queries.AGGREGATE_KEY, filters, limit=limit, offset=offset)
+
+    def invoices(self, filters: Filters | None = None, *, limit: int | None = None, offset: int = 0) -> Result:
+        """Per account, billing period and currency: what each account owes."""
+        return queries.totals(self._engine, queries.INVOICE_KEY, filters, limit=limit, offset=offset)
+
+    def daily(self, filters: Filters | None = None, *, by_product: bool = False) -> Result:
+        """Per billing day and currency (and product)."""
+        return queries.totals(self._engine, ("billing_day", "product") if by_product else ("billing_day",), filters)
+
+    def top(self, dimension: Dimension, filters: Filters | None = None, *, limit: int = 10) -> Result:
+        """The ``limit`` accounts (or products, ...) with the largest net, in each currency, largest first."""
+        return queries.top(self._engine, dimension, filters, limit=limit)
+
+    def rejects_by_reason(self, batch_id: str) -> dict[str, int]:
+        """How many rows of the batch were rejected, per reason code (most frequent first)."""
+        return queries.rejects_by_reason(self._engine, batch_id)
+
+    def rejected_rows(self, batch_id: str, *, limit: int | None = None, offset: int = 0) -> list[dict[str, Any]]:
+        """The batch's rejected rows by row number (``row``, ``reason``, ``raw``: the row as JSON text)."""
+        return queries.rejected_rows(self._engine, batch_id, limit=limit, offset=offset)
+
+    def poisoned_items(self, batch_id: str) -> list[dict[str, Any]]:
+        """The batch's work items that went to a poison queue and were not replayed since, with the reason."""
+        return queries.poisoned_items(self._engine, batch_id)
 
     def batch(self, batch_id: str) -> BatchStatus | None:
         """One batch's status, or None if nothing is known about it yet."""

@@ -6,9 +6,10 @@ Concurrency: every write locks the rows it changes first (``SELECT ... FOR UPDAT
 
 from __future__ import annotations
 
+import itertools
 import sqlite3
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -28,6 +29,8 @@ IMMEDIATE = "billing_sqlite_immediate"
 #: How long a SQLite connection waits for another's lock before it fails.
 SQLITE_BUSY_TIMEOUT_S = 30
 T = TypeVar("T")
+#: Rows written (or ids looked up) per statement.
+CHUNK = 1000
 
 
 class Patience:
@@ -175,3 +178,10 @@ def index_plans(conn: sa.Connection) -> None:
     (15.8 s at 50,000,000 ids). SQLite plans by its indexes anyway."""
     if conn.dialect.name == "postgresql":
         conn.exec_driver_sql("SET LOCAL enable_seqscan = off")
+
+
+def chunks(items: Iterable[T], size: int) -> Iterator[list[T]]:
+    """``items`` as lists of at most ``size``, taken as they come (an iterator is never held whole)."""
+    iterator = iter(items)
+    while chunk := list(itertools.islice(iterator, size)):
+        yield chunk

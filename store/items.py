@@ -3,10 +3,9 @@ poisoned), their rejected rows, and their held rows (possible duplicates, decide
 
 from __future__ import annotations
 
-import itertools
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from datetime import date
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -15,23 +14,13 @@ import sqlalchemy as sa
 from shared.rules.duplicates import keep_first
 from shared.rules.schemas import PARTIAL_SCHEMA, REJECTED_SCHEMA
 
-from .batches import count
+from .batches import BatchRow, count
+from .engine import CHUNK, chunks
 from .schema import aggregates, held, partials, rejects, work_items
 
-#: Rows written (or ids looked up) per statement.
-CHUNK = 1000
 _RECORDED = sa.select(work_items.c.work_item_id, work_items.c.poison_reason).where(
     work_items.c.work_item_id.in_(sa.bindparam("ids", expanding=True))
 )
-
-T = TypeVar("T")
-
-
-def chunks(items: Iterable[T], size: int) -> Iterator[list[T]]:
-    """``items`` as lists of at most ``size``, taken as they come (an iterator is never held whole)."""
-    iterator = iter(items)
-    while chunk := list(itertools.islice(iterator, size)):
-        yield chunk
 
 
 def recorded_work_items(conn: sa.Connection, ids: list[str]) -> dict[str, str | None]:
@@ -48,12 +37,12 @@ def insert_work_items(conn: sa.Connection, records: Iterable[dict[str, Any]]) ->
         conn.execute(sa.insert(work_items), [{"poison_reason": None, **record} for record in chunk])
 
 
-def forget_counts(conn: sa.Connection, row: dict[str, Any]) -> None:
+def forget_counts(conn: sa.Connection, row: BatchRow) -> None:
     """A refused batch counts nothing: delete its aggregates, partial aggregates, rejects and held rows, zero its
     counts."""
     for table in (aggregates, partials, rejects, held):
         conn.execute(sa.delete(table).where(table.c.batch_id == row["batch_id"]))
-    row.update(accepted=0, rejected=0, transactions_recorded=0)
+    row.update({"accepted": 0, "rejected": 0, "transactions_recorded": 0})
 
 
 def insert_rejects(conn: sa.Connection, tables: Iterable[tuple[str, pa.Table]]) -> None:
@@ -83,7 +72,7 @@ def held_firsts(conn: sa.Connection, batch_id: str) -> dict[int, tuple[int, str]
     return {r.repeat_of: (r.id_hash, r.transaction_id) for r in conn.execute(query)}
 
 
-def resolve_held(conn: sa.Connection, row: dict[str, Any], taken: set[int]) -> tuple[pa.Table, list[int]]:
+def resolve_held(conn: sa.Connection, row: BatchRow, taken: set[int]) -> tuple[pa.Table, list[int]]:
     """As a batch completes, every row of it validated: decide its held rows (:func:`keep_first`; ``taken``: the
     first occurrences whose id an earlier batch counted), reject the duplicates, count the rest; the partials of
     those counted (``PARTIAL_SCHEMA``) and the first occurrences they repeat are returned."""

@@ -18,8 +18,8 @@ import sqlalchemy as sa
 
 from shared.rules.schemas import PARTIAL_SCHEMA
 
+from .engine import CHUNK, chunks
 from .fold import AGGREGATE_KEY, AGGREGATE_VALUES, SUMMED, fold, of_batches, sql_values
-from .items import CHUNK, chunks
 from .schema import aggregates, partials
 
 #: Partial aggregates folded at a time while a batch settles (a batch's keys, not its rows, bound the fold).

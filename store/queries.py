@@ -1,8 +1,8 @@
 """Queries across batches, shared by ``billing report``, the HTTP API and the console.
 
 One function, :func:`totals`, groups the stored aggregates by any of :data:`DIMENSIONS` (always by currency
-too: money of two currencies is never added) under :class:`Filters`; the others name its common uses:
-aggregates, invoices per billing period, daily totals, top accounts or products by net.
+too: money of two currencies is never added) under :class:`Filters`; :class:`~store.Store` names its common uses
+(aggregates, invoices per billing period, daily totals) and :func:`top` ranks accounts or products by net.
 
 - **SQL groups and sums**, on SQLite and PostgreSQL alike. PostgreSQL sums ``NUMERIC`` exactly; SQLite keeps
   money as decimal text, which its own ``SUM`` would turn into REAL, so there an exact aggregate
@@ -10,7 +10,7 @@ aggregates, invoices per billing period, daily totals, top accounts or products 
   minor units, quantity as an exact ``Decimal``; nothing is ever a float.
 - **Which batches count**: by default every ``complete`` batch; batches named in :attr:`Filters.batches`
   count whatever their state (a ``failed`` one with what it counted so far); a voided batch never counts
-  (:mod:`store.ledger`), nor does one still running: its aggregates are written when it settles
+  (:mod:`store.ledger.numbers`), nor does one still running: its aggregates are written when it settles
   (:mod:`store.partials`). Each row names the batches it sums (``batches``) and each :class:`Result` lists the
   batches it includes and those it left out: those with matching rows (failed, voided) and those still running,
   with their state.
@@ -30,13 +30,12 @@ from typing import Any, Literal
 import sqlalchemy as sa
 
 from .batches import BatchState
-from .core import Store
 from .schema import EXACT, aggregates, batches, rejects, work_items
 
 Dimension = Literal["batch_id", "account_id", "product", "billing_day", "billing_period", "currency"]
 DIMENSIONS: tuple[Dimension, ...] = ("batch_id", "account_id", "product", "billing_day", "billing_period", "currency")
-MONEY = ("net", "tax", "total")
-MEASURES = ("transactions", "quantity", *MONEY)
+MONEY_COLUMNS = ("net", "tax", "total")
+MEASURES = ("transactions", "quantity", *MONEY_COLUMNS)
 #: Invoices: one per (account, billing period, currency).
 INVOICE_KEY: tuple[Dimension, ...] = ("account_id", "billing_period")
 #: Aggregates as stored, summed over batches: per (account, product, billing day, currency).
@@ -99,7 +98,7 @@ class Result:
 
 
 def totals(
-    source: Store | sa.Engine,
+    engine: sa.Engine,
     by: Sequence[Dimension],
     filters: Filters | None = None,
     *,
@@ -112,7 +111,7 @@ def totals(
         raise ValueError(f"unknown dimensions {sorted(unknown)}; choose among {DIMENSIONS}")
     key: tuple[Dimension, ...] = (*dict.fromkeys(d for d in by if d != "currency"), "currency")
     filters = filters or Filters()
-    with _engine(source).connect() as conn:
+    with engine.connect() as conn:
         sqlite = conn.dialect.name == "sqlite"
         if sqlite:
             _register_exact_sum(conn)
@@ -137,28 +136,9 @@ def totals(
     return Result(key, rows, [BatchRef(b, states.get(b, "unknown")) for b in included], excluded)
 
 
-def aggregates_of(
-    source: Store | sa.Engine, filters: Filters | None = None, *, limit: int | None = None, offset: int = 0
-) -> Result:
-    """Per account, product, billing day and currency."""
-    return totals(source, AGGREGATE_KEY, filters, limit=limit, offset=offset)
-
-
-def invoices(
-    source: Store | sa.Engine, filters: Filters | None = None, *, limit: int | None = None, offset: int = 0
-) -> Result:
-    """Per account, billing period (``YYYY-MM``) and currency: what each account owes."""
-    return totals(source, INVOICE_KEY, filters, limit=limit, offset=offset)
-
-
-def daily(source: Store | sa.Engine, filters: Filters | None = None, *, by_product: bool = False) -> Result:
-    """Per billing day and currency (and product)."""
-    return totals(source, ("billing_day", "product") if by_product else ("billing_day",), filters)
-
-
-def top(source: Store | sa.Engine, dimension: Dimension, filters: Filters | None = None, *, limit: int = 10) -> Result:
+def top(engine: sa.Engine, dimension: Dimension, filters: Filters | None = None, *, limit: int = 10) -> Result:
     """The ``limit`` accounts (or products, ...) with the largest net, in each currency, largest first."""
-    found = totals(source, (dimension,), filters)
+    found = totals(engine, (dimension,), filters)
     ranked: list[dict[str, Any]] = []
     for currency in sorted({row["currency"] for row in found.rows}):
         mine = [row for row in found.rows if row["currency"] == currency]
@@ -167,19 +147,21 @@ def top(source: Store | sa.Engine, dimension: Dimension, filters: Filters | None
     return Result(found.key, ranked, [b for b in found.batches if b.batch_id in kept], found.excluded)
 
 
-def rejects_by_reason(source: Store | sa.Engine, batch_id: str) -> dict[str, int]:
+def rejects_by_reason(engine: sa.Engine, batch_id: str) -> dict[str, int]:
     """How many rows of the batch were rejected, per reason code (most frequent first)."""
     query = (
         sa.select(rejects.c.reason, sa.func.count().label("count"))
         .where(rejects.c.batch_id == batch_id)
         .group_by(rejects.c.reason)
     )
-    with _engine(source).connect() as conn:
+    with engine.connect() as conn:
         found = [(r.reason, int(r._mapping["count"])) for r in conn.execute(query)]
     return dict(sorted(found, key=lambda item: (-item[1], item[0])))
 
 
-def rejected_rows(source: Store | sa.Engine, batch_id: str, *, limit: int, offset: int = 0) -> list[dict[str, Any]]:
+def rejected_rows(
+    engine: sa.Engine, batch_id: str, *, limit: int | None = None, offset: int = 0
+) -> list[dict[str, Any]]:
     """The batch's rejected rows by row number (``row``, ``reason``, ``raw``: the row as JSON text)."""
     query = (
         sa.select(rejects.c.row, rejects.c.reason, rejects.c.raw)
@@ -188,23 +170,19 @@ def rejected_rows(source: Store | sa.Engine, batch_id: str, *, limit: int, offse
         .limit(limit)
         .offset(offset)
     )
-    with _engine(source).connect() as conn:
+    with engine.connect() as conn:
         return [dict(r._mapping) for r in conn.execute(query)]
 
 
-def poisoned_items(source: Store | sa.Engine, batch_id: str) -> list[dict[str, Any]]:
+def poisoned_items(engine: sa.Engine, batch_id: str) -> list[dict[str, Any]]:
     """The batch's work items that went to a poison queue and were not replayed since, with the reason."""
     query = (
         sa.select(work_items.c.work_item_id, work_items.c.poison_reason, work_items.c.recorded_at)
         .where(work_items.c.batch_id == batch_id, work_items.c.poison_reason.is_not(None))
         .order_by(work_items.c.work_item_id)
     )
-    with _engine(source).connect() as conn:
+    with engine.connect() as conn:
         return [dict(r._mapping) for r in conn.execute(query)]
-
-
-def _engine(source: Store | sa.Engine) -> sa.Engine:
-    return source.engine if isinstance(source, Store) else source
 
 
 def _dimension(name: Dimension, sqlite: bool) -> sa.ColumnElement[Any]:
@@ -224,7 +202,7 @@ def _ordered(column: sa.ColumnElement[Any], sqlite: bool) -> sa.ColumnElement[An
 
 def _measures(sqlite: bool) -> list[sa.ColumnElement[Any]]:
     summed: list[sa.ColumnElement[Any]] = [sa.func.sum(aggregates.c.transactions).label("transactions")]
-    for name in ("quantity", *MONEY):
+    for name in ("quantity", *MONEY_COLUMNS):
         column = aggregates.c[name]
         function = sa.func.exact_sum(column, type_=column.type) if sqlite else sa.func.sum(column, type_=column.type)
         summed.append(function.label(name))
@@ -256,7 +234,7 @@ def _conditions(filters: Filters, sqlite: bool, *, complete: bool = True) -> lis
     if end is not None:
         found.append(t.c.billing_day <= end)
     if complete:
-        found.append(batches.c.voided_at.is_(None))  # a voided batch counts nowhere (store.ledger)
+        found.append(batches.c.voided_at.is_(None))  # a voided batch counts nowhere (store.ledger.numbers)
         if not filters.batches:
             found.append(batches.c.state == BatchState.complete.value)
     return found
@@ -287,7 +265,7 @@ def _row(mapping: sa.RowMapping, key: tuple[Dimension, ...]) -> dict[str, Any]:
     row: dict[str, Any] = {name: mapping[name] for name in key}
     row["transactions"] = int(mapping["transactions"])
     row["quantity"] = Decimal(mapping["quantity"])
-    row.update({name: int(mapping[name]) for name in MONEY})
+    row.update({name: int(mapping[name]) for name in MONEY_COLUMNS})
     row["batches"] = sorted(mapping["batches"].split(","))
     return row
 

@@ -2,9 +2,9 @@
 
 :func:`apply` locks the batch rows it touches (:mod:`store.engine`), records work items, rejects and held rows
 (:mod:`store.items`), their partial aggregates (:mod:`store.partials`) and the batches' transaction ids
-(:mod:`store.ids`), moves batches on (:mod:`store.batches`), and writes the aggregates of those that settle, summed
-exactly (:mod:`store.fold`). The ``work_items`` primary key makes double counting impossible even if the row locks
-were bypassed.
+(:mod:`store.ledger.ids`), moves batches on (:mod:`store.batches`), and writes the aggregates of those that settle,
+summed exactly (:mod:`store.fold`). The ``work_items`` primary key makes double counting impossible even if the row
+locks were bypassed.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
 
 import pyarrow as pa
 import sqlalchemy as sa
@@ -24,6 +23,7 @@ from shared.messages import IdsPart, Manifest, PoisonNotice, WorkItemResult
 from . import partials
 from .batches import (
     ApplyOutcome,
+    BatchRow,
     BatchState,
     count,
     fill_from_manifest,
@@ -35,7 +35,6 @@ from .batches import (
     waiting_batches,
 )
 from .engine import index_plans, writing
-from .ids import Verdict, decide, forget_uncounted, record_ids, record_parts, release
 from .items import (
     forget_counts,
     held_firsts,
@@ -45,7 +44,9 @@ from .items import (
     recorded_work_items,
     resolve_held,
 )
-from .ledger import number_batches, record_late, unnumbered_batches
+from .ledger.ids import Verdict, decide, forget_uncounted, record_ids, record_parts, release
+from .ledger.numbers import number_batches, unnumbered_batches
+from .ledger.periods import record_late
 from .schema import work_items
 
 
@@ -82,7 +83,7 @@ def apply(
         index_plans(conn)
         waiting = {*waiting_batches(conn), *unnumbered_batches(conn)}
         rows = lock_batches(conn, sorted({*incoming.batch_ids, *waiting}), now)
-        before = {batch_id: dict(row) for batch_id, row in rows.items()}
+        before = {batch_id: row.copy() for batch_id, row in rows.items()}
         _take_manifests(conn, rows, incoming.manifests.values())
         record_parts(conn, rows, incoming.ids)
         _write_numbered(conn, rows, before, now)
@@ -101,7 +102,7 @@ def apply(
         duplicate_items=len(results) - new_items,
         completed_batches=completed,
         failed_batches=failed,
-        latency_seconds={b: rows[b]["latency_seconds"] for b in completed if rows[b]["latency_seconds"] is not None},
+        latency_seconds={b: latency for b in completed if (latency := rows[b]["latency_seconds"]) is not None},
     )
 
 
@@ -167,9 +168,9 @@ class _Recorded:
     poisoned: list[PoisonNotice]
 
 
-def _take_manifests(conn: sa.Connection, rows: Mapping[str, dict[str, Any]], manifests: Iterable[Manifest]) -> None:
+def _take_manifests(conn: sa.Connection, rows: Mapping[str, BatchRow], manifests: Iterable[Manifest]) -> None:
     """Fill each batch's row from its manifest unless it has one already; a refused batch forgets its counts, an
-    accepted one records the ids it carries. Then every batch that can be numbered is (:mod:`store.ledger`)."""
+    accepted one records the ids it carries. Then every batch that can be numbered is (:mod:`store.ledger.numbers`)."""
     accepted = {}
     for manifest in manifests:
         row = rows[manifest.batch_id]
@@ -186,10 +187,10 @@ def _take_manifests(conn: sa.Connection, rows: Mapping[str, dict[str, Any]], man
 
 
 def _complete(
-    conn: sa.Connection, rows: Mapping[str, dict[str, Any]], settling: dict[str, BatchState]
+    conn: sa.Connection, rows: Mapping[str, BatchRow], settling: dict[str, BatchState]
 ) -> dict[str, pa.Table]:
     """Decide the held rows of the batches about to complete, in sequence order, with the ledger's ids
-    (:mod:`store.ids`): a batch that must wait for an earlier one leaves ``settling``, one the ledger refuses
+    (:mod:`store.ledger.ids`): a batch that must wait for an earlier one leaves ``settling``, one the ledger refuses
     settles ``refused`` and counts nothing. The partials of the held rows counted are returned, by batch."""
     kept = {}
     settled: dict[int, str] = {}
@@ -197,7 +198,8 @@ def _complete(
     for batch_id in sorted(completing, key=lambda b: rows[b]["seq"] or 0):
         row = rows[batch_id]
         firsts = held_firsts(conn, batch_id) if row["id_key"] is not None else {}
-        verdict = decide(conn, row, firsts, settled) if row["seq"] is not None else Verdict()
+        seq = row["seq"]
+        verdict = Verdict() if seq is None else decide(conn, row, seq, firsts, settled)
         row["waiting_for"] = verdict.wait_for
         if verdict.wait_for is not None:
             del settling[batch_id]
@@ -205,19 +207,19 @@ def _complete(
             row["refused_reason"] = verdict.refused
             forget_counts(conn, row)
             release(conn, row)
-            settling[batch_id] = settled[row["seq"]] = BatchState.refused
+            settling[batch_id] = BatchState.refused
         else:
             counted, kept_firsts = resolve_held(conn, row, verdict.taken)
             forget_uncounted(conn, row, kept_firsts)  # held rows rejected just now too
             kept[batch_id] = counted
-            if row["seq"] is not None:
-                settled[row["seq"]] = BatchState.complete
+        if seq is not None and batch_id in settling:
+            settled[seq] = settling[batch_id]
     return kept
 
 
 def _write_aggregates(
     conn: sa.Connection,
-    rows: Mapping[str, dict[str, Any]],
+    rows: Mapping[str, BatchRow],
     settling: dict[str, BatchState],
     kept: Mapping[str, pa.Table],
 ) -> None:
@@ -237,7 +239,7 @@ def _write_aggregates(
 
 
 def _record_work_items(
-    conn: sa.Connection, rows: Mapping[str, dict[str, Any]], incoming: _Incoming, now: datetime
+    conn: sa.Connection, rows: Mapping[str, BatchRow], incoming: _Incoming, now: datetime
 ) -> _Recorded:
     """Record the work items not recorded yet (results, and poisoned ones), and the results of items recorded as
     poisoned; count the poisoned items on their batches' rows."""
@@ -275,7 +277,7 @@ def _record_work_items(
     return found
 
 
-def _count_results(conn: sa.Connection, rows: Mapping[str, dict[str, Any]], recorded: _Recorded) -> None:
+def _count_results(conn: sa.Connection, rows: Mapping[str, BatchRow], recorded: _Recorded) -> None:
     """Count the recorded results on their batches' rows, and keep their rejects, held rows and partial aggregates,
     except those of refused batches (recorded, never counted)."""
     results = recorded.new + recorded.recovered
@@ -290,10 +292,10 @@ def _count_results(conn: sa.Connection, rows: Mapping[str, dict[str, Any]], reco
 
 
 def _write_numbered(
-    conn: sa.Connection, rows: Mapping[str, dict[str, Any]], before: Mapping[str, Mapping[str, Any]], now: datetime
+    conn: sa.Connection, rows: Mapping[str, BatchRow], before: Mapping[str, BatchRow], now: datetime
 ) -> None:
     """Write the rows this apply gave a seq or an ids key, before the ledger's queries read them: a batch numbered
-    here must be seen by a later batch completing in the same transaction (:mod:`store.ids`)."""
+    here must be seen by a later batch completing in the same transaction (:mod:`store.ledger.ids`)."""
     for batch_id, row in rows.items():
         if (row["seq"], row["id_key"]) != (before[batch_id]["seq"], before[batch_id]["id_key"]):
             update_batch(conn, row, now)
@@ -301,8 +303,8 @@ def _write_numbered(
 
 def _write_batches(
     conn: sa.Connection,
-    rows: Mapping[str, dict[str, Any]],
-    before: Mapping[str, Mapping[str, Any]],
+    rows: Mapping[str, BatchRow],
+    before: Mapping[str, BatchRow],
     settling: Mapping[str, BatchState],
     now: datetime,
 ) -> tuple[list[str], list[str]]:

@@ -128,11 +128,11 @@ batches = sa.Table(
     sa.Column("updated_at", UTCDateTime(), nullable=False),
     # When the batch's claim-check blobs were deleted (see Controller.clean_up).
     sa.Column("claims_deleted_at", UTCDateTime(), nullable=True),
-    # The ledger (store.ledger): the batch's number in acceptance order (set when its manifest is recorded,
+    # The ledger (store.ledger.numbers): the batch's number in acceptance order (set when its manifest is recorded,
     # never for a refused batch), and when it was voided (then it counts nowhere; its aggregates stay).
     sa.Column("seq", sa.BigInteger, nullable=True),
     sa.Column("voided_at", UTCDateTime(), nullable=True),
-    # The ledger's id filter when the batch was debatched (store.ids): the merges it held, and the one that
+    # The ledger's id filter when the batch was debatched (store.ledger.ids): the merges it held, and the one that
     # added the batch's ids (None for batches from before the ledger kept ids).
     sa.Column("filter_serial", sa.BigInteger, nullable=True),
     sa.Column("id_serial", sa.BigInteger, nullable=True),
@@ -140,7 +140,7 @@ batches = sa.Table(
     # Its key there (given with its first ids, before it has a seq), the ids parts its manifest counts, and
     # those recorded (table ledger_id_parts): it completes only once all are.
     sa.Column("id_key", sa.BigInteger, nullable=True),
-    # The earlier batch it waits for, every work item in (store.ids): it shares ids with that running batch.
+    # The earlier batch it waits for, every work item in (store.ledger.ids): it shares ids with that running batch.
     sa.Column("waiting_for", sa.String(255), nullable=True),
     sa.Column("id_parts", sa.BigInteger, nullable=False, server_default="0"),
     sa.Column("id_parts_recorded", sa.BigInteger, nullable=False, server_default="0"),
@@ -158,7 +158,7 @@ def _measures() -> list[sa.Column[Any]]:
     ]
 
 
-#: Issued documents (store.documents): never updated, never deleted. ``pricebooks`` and ``tax_tables`` hold the
+#: Issued documents (store.ledger.documents): never updated, never deleted. ``pricebooks`` and ``tax_tables`` hold the
 #: content hashes its lines were rated with, space-separated.
 documents = sa.Table(
     "documents",
@@ -195,7 +195,7 @@ document_batches = sa.Table(
     *_measures(),
 )
 
-#: The ledger's gap-free counters (store.ledger): one row each, its ``value`` the last number handed out.
+#: The ledger's gap-free counters (store.ledger.numbers): one row each, its ``value`` the last number handed out.
 counters = sa.Table(
     "counters",
     metadata,
@@ -203,7 +203,7 @@ counters = sa.Table(
     sa.Column("value", sa.BigInteger, nullable=False),
 )
 
-#: Periods closed (store.documents): a period is closed from its first close on, whatever that close issued.
+#: Periods closed (store.ledger.periods): a period is closed from its first close on, whatever that close issued.
 closed_periods = sa.Table(
     "closed_periods",
     metadata,
@@ -211,7 +211,7 @@ closed_periods = sa.Table(
     sa.Column("closed_at", UTCDateTime(), nullable=False),
 )
 
-#: A batch's late rows (store.ledger): its counted rows of a period that had been closed before it completed.
+#: A batch's late rows (store.ledger.periods): its counted rows of a period that had been closed before it completed.
 late_rows = sa.Table(
     "late_rows",
     metadata,
@@ -261,7 +261,7 @@ rejects = sa.Table(
     sa.Column("reason", sa.String(64), nullable=False),
     sa.Column("raw", sa.Text, nullable=False),
     # The hash of the row's id where the row is its id's first occurrence: the ledger recorded that id until the
-    # batch completes, and takes it out then if no later row counts it (store.ids).
+    # batch completes, and takes it out then if no later row counts it (store.ledger.ids).
     sa.Column("id_hash", sa.BigInteger, nullable=True),
 )
 
@@ -283,7 +283,7 @@ held = sa.Table(
     *_sums(),
 )
 
-#: The ledger's transaction ids (store.ids): each batch's ids, one row per id's first occurrence, from its ids
+#: The ledger's transaction ids (store.ledger.ids): each batch's ids, one row per id's first occurrence, from its ids
 #: parts and manifest; at its completion those it did not count are deleted, when voided or refused all of them.
 #: The key starts with the segment, so that a batch's ids go into one segment (a batch's ids are found by its
 #: segment and ``batch_key``, its ``batches.id_key``); ``id_hash`` (the id's signed 64-bit hash) finds an id's rows
@@ -300,7 +300,7 @@ ledger_ids = sa.Table(
     sqlite_with_rowid=False,
 )
 
-#: The ids parts recorded (store.ids): a part delivered twice is recorded once.
+#: The ids parts recorded (store.ledger.ids): a part delivered twice is recorded once.
 ledger_id_parts = sa.Table(
     "ledger_id_parts",
     metadata,

@@ -1,6 +1,6 @@
 """``billing reference``, ``void``, ``close`` and ``documents``: the commands of the ledger (thin: parse, then
-delegate to :mod:`billing.client`, :mod:`billing.ledger` and the store library, :mod:`store.ledger` and
-:mod:`store.documents`). Tables show money in the currency's own units; JSON keeps integer minor units."""
+delegate to :mod:`billing.client`, :mod:`billing.ledger` and :class:`store.Store`). Tables show money in the
+currency's own units; JSON keeps integer minor units."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from ..ledger import closing_message, void_batch
 from ..sql import open_store
 
 if TYPE_CHECKING:
-    from store.documents import Document
+    from store import Document
 
 
 @click.group("reference", invoke_without_command=True)
@@ -77,7 +77,7 @@ def void(batch_id: str) -> None:
     batch id stays taken (submitting it again is refused). An unknown, incomplete or voided batch is refused."""
     settings = resolve()
     with open_store(settings) as store:
-        voided = asyncio.run(void_batch(settings, store.engine, batch_id))
+        voided = asyncio.run(void_batch(settings, store, batch_id))
     click.echo(redact(f"batch {batch_id} (seq {voided.seq}) voided: it counts nowhere from now on"))
 
 
@@ -88,10 +88,9 @@ def close(period: str) -> None:
     account and currency whose billed amounts changed since its last document of the period, in one
     transaction. With nothing changed it issues nothing and says so."""
     from shared.settings import Settings
-    from store.documents import close as close_period
 
     with open_store(Settings()) as store:
-        issued = close_period(store.engine, period)
+        issued = store.close_period(period)
     click.echo(closing_message(period, issued))
     for doc in issued:
         click.echo(_summary(doc))
@@ -110,10 +109,9 @@ def documents_group() -> None:
 def documents_list(period: str | None, account: str | None, kind: str | None, fmt: str) -> None:
     """List documents by number (JSON: each in full, money in integer minor units)."""
     from shared.settings import Settings
-    from store.documents import documents
 
     with open_store(Settings()) as store:
-        found = documents(store.engine, period=period, account=account, kind=kind)
+        found = store.documents(period=period, account=account, kind=kind)
     if fmt == "json":
         click.echo(json.dumps([doc.to_json_dict() for doc in found], indent=2))
     elif not found:
@@ -133,12 +131,11 @@ def documents_show(number: int, fmt: str, output: Path | None) -> None:
     """Show one document: its head, its lines (per product, with the batches that changed each) and totals; html
     and pdf read and print as an invoice, money in the currency's units (json: integer minor units)."""
     from shared.settings import Settings
-    from store.documents import document
 
     if fmt == "pdf" and output is None:
         raise click.UsageError("--format pdf writes a file: give --output F")
     with open_store(Settings()) as store:
-        found = document(store.engine, number)
+        found = store.document(number)
     if found is None:
         raise click.ClickException(f"no document numbered {number}")
     if fmt == "pdf":

@@ -14,7 +14,7 @@ from ..sql import open_store
 from .output import console
 
 if TYPE_CHECKING:
-    from store import reports
+    from .. import reports
 
 
 @click.command()
@@ -45,8 +45,9 @@ def report(
     csv, json and parquet; table and html (one self-contained file, with charts) show currency units. Invoices of
     a closed --period also name the pending difference (what the next close would issue)."""
     from shared.settings import Settings
-    from store import reports  # pandas and the report writers: only for the commands that report
-    from store.queries import Filters
+    from store import Filters
+
+    from .. import reports  # pandas and the report writers: only for the commands that report
 
     try:
         filters = Filters(accounts, products, currencies, batch_ids, start and start.date(), end and end.date(), period)
@@ -57,7 +58,7 @@ def report(
     with open_store(settings) as store:
         frame = getattr(reports, kind)(store, one_batch or filters)
         pending = (
-            pending_report(store.engine, period, accounts, currencies)
+            pending_report(store, period, accounts, currencies)
             if kind == "invoices" and period and not batch_ids
             else []
         )

@@ -23,9 +23,7 @@ from pydantic import BaseModel, Field
 from shared.messaging.processes import role_states
 from shared.messaging.storage import Storage
 from shared.settings import Settings, poison_queue_name
-from store import BatchState, Store, queries
-from store.queries import Filters
-from store.reports import format_quantity
+from store import MONEY_COLUMNS, PERIOD_PATTERN, BatchState, Filters, Result, Store, quantity_text
 
 from .. import cost, poison
 
@@ -103,7 +101,7 @@ def filters(
     batch: Annotated[list[str], Query(description="only these batches, whatever their state (repeat)")] = [],  # noqa: B006
     start: Annotated[date | None, Query(alias="from", description="first billing day (UTC)")] = None,
     end: Annotated[date | None, Query(alias="to", description="last billing day (UTC)")] = None,
-    period: Annotated[str | None, Query(pattern=queries.PERIOD_PATTERN, description="YYYY-MM")] = None,
+    period: Annotated[str | None, Query(pattern=PERIOD_PATTERN, description="YYYY-MM")] = None,
 ) -> Filters:
     """The report filters from the query string (values that cannot exist are refused with 422)."""
     for values, pattern, name in (
@@ -120,7 +118,7 @@ def filters(
 FiltersDep = Annotated[Filters, Depends(filters)]
 
 
-def report_json(result: queries.Result, offset: int = 0, limit: int | None = None) -> dict[str, Any]:
+def report_json(result: Result, offset: int = 0, limit: int | None = None) -> dict[str, Any]:
     """A query result as JSON: days as ISO text, quantity as exact text, money as ints; ``limit`` None: unpaged."""
     return {
         "rows": [row_json(row) for row in result.rows],
@@ -140,7 +138,7 @@ def row_json(row: dict[str, Any]) -> dict[str, Any]:
     out = dict(row)
     if "billing_day" in out:
         out["billing_day"] = out["billing_day"].isoformat()
-    out["quantity"] = format_quantity(row["quantity"])
+    out["quantity"] = quantity_text(row["quantity"])
     return out
 
 
@@ -183,10 +181,10 @@ def batch_detail(store: Store, batch_id: str) -> dict[str, Any]:
     selection = Filters(batches=(batch_id,))
     return {
         "batch": batch_json(status),
-        "totals": [row_json(row) for row in queries.totals(store, [], selection).rows],
-        "rejects_by_reason": queries.rejects_by_reason(store, batch_id),
+        "totals": [row_json(row) for row in store.totals([], selection).rows],
+        "rejects_by_reason": store.rejects_by_reason(batch_id),
         "poisoned_items": [
-            {**item, "recorded_at": item["recorded_at"].isoformat()} for item in queries.poisoned_items(store, batch_id)
+            {**item, "recorded_at": item["recorded_at"].isoformat()} for item in store.poisoned_items(batch_id)
         ],
         "downloads": {
             f"{kind}.{fmt}": f"/api/downloads/{kind}.{fmt}?batch={batch_id}"
@@ -198,7 +196,7 @@ def batch_detail(store: Store, batch_id: str) -> dict[str, Any]:
 
 @router.get("/batches/{batch_id}/rejects", response_model=Page, summary="A batch's rejected rows, by row number")
 def batch_rejects(store: StoreDep, batch_id: BatchId, limit: Limit = 100, offset: Offset = 0) -> dict[str, Any]:
-    rows = queries.rejected_rows(store, batch_id, limit=limit, offset=offset)
+    rows = store.rejected_rows(batch_id, limit=limit, offset=offset)
     return {
         "items": rows,
         "offset": offset,
@@ -214,7 +212,7 @@ def batch_rejects(store: StoreDep, batch_id: BatchId, limit: Limit = 100, offset
     summary="Aggregates per account, product, billing day and currency",
 )
 def aggregates(store: StoreDep, selection: FiltersDep, limit: Limit = PAGE_ROWS, offset: Offset = 0) -> dict[str, Any]:
-    return report_json(queries.aggregates_of(store, selection, limit=limit, offset=offset), offset, limit)
+    return report_json(store.aggregates(selection, limit=limit, offset=offset), offset, limit)
 
 
 @router.get(
@@ -224,7 +222,7 @@ def aggregates(store: StoreDep, selection: FiltersDep, limit: Limit = PAGE_ROWS,
     summary="Invoices per account, billing period and currency (complete batches unless named)",
 )
 def invoices(store: StoreDep, selection: FiltersDep, limit: Limit = PAGE_ROWS, offset: Offset = 0) -> dict[str, Any]:
-    return report_json(queries.invoices(store, selection, limit=limit, offset=offset), offset, limit)
+    return report_json(store.invoices(selection, limit=limit, offset=offset), offset, limit)
 
 
 @router.get(
@@ -234,7 +232,7 @@ def invoices(store: StoreDep, selection: FiltersDep, limit: Limit = PAGE_ROWS, o
     summary="Totals per billing day and currency (and product)",
 )
 def daily(store: StoreDep, selection: FiltersDep, by_product: bool = False) -> dict[str, Any]:
-    return report_json(queries.daily(store, selection, by_product=by_product))
+    return report_json(store.daily(selection, by_product=by_product))
 
 
 @router.get(
@@ -249,7 +247,7 @@ def top(
     dimension: Literal["account_id", "product"] = "account_id",
     limit: Annotated[int, Query(ge=1, le=100)] = 10,
 ) -> dict[str, Any]:
-    return report_json(queries.top(store, dimension, selection, limit=limit))
+    return report_json(store.top(dimension, selection, limit=limit))
 
 
 @router.get("/roles", summary="The live role processes: listeners, dequeue tasks, storage requests by kind")
@@ -327,10 +325,10 @@ def download(
 
 
 def _report_rows(store: Store, kind: str, selection: Filters) -> Iterator[list[dict[str, Any]]]:
-    query = queries.invoices if kind == "invoices" else queries.aggregates_of
+    query = store.invoices if kind == "invoices" else store.aggregates
     offset = 0
     while True:
-        rows = query(store, selection, limit=DOWNLOAD_PAGE, offset=offset).rows
+        rows = query(selection, limit=DOWNLOAD_PAGE, offset=offset).rows
         yield [{**row_json(row), "batches": " ".join(row["batches"])} for row in rows]
         if len(rows) < DOWNLOAD_PAGE:
             return
@@ -341,7 +339,7 @@ def _reject_rows(store: Store, selection: Filters) -> Iterator[list[dict[str, An
     for batch_id in sorted(set(selection.batches)):
         offset = 0
         while True:
-            rows = queries.rejected_rows(store, batch_id, limit=DOWNLOAD_PAGE, offset=offset)
+            rows = store.rejected_rows(batch_id, limit=DOWNLOAD_PAGE, offset=offset)
             yield [{"batch_id": batch_id, **row} for row in rows]
             if len(rows) < DOWNLOAD_PAGE:
                 break
@@ -409,8 +407,8 @@ async def _parquet(pages: Iterator[list[dict[str, Any]]]) -> AsyncIterator[bytes
 
 
 def _arrow_row(row: dict[str, Any]) -> dict[str, Any]:
-    return {k: Decimal(v) if k in queries.MONEY else v for k, v in row.items()}
+    return {k: Decimal(v) if k in MONEY_COLUMNS else v for k, v in row.items()}
 
 
 def _arrow_schema(schema: pa.Schema) -> pa.Schema:
-    return pa.schema([pa.field(f.name, pa.decimal128(38, 0)) if f.name in queries.MONEY else f for f in schema])
+    return pa.schema([pa.field(f.name, pa.decimal128(38, 0)) if f.name in MONEY_COLUMNS else f for f in schema])

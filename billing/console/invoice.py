@@ -1,14 +1,14 @@
 """A document as it reads and prints: the figures of an invoice or adjustment laid out once (:func:`view`), for
 the console's page and ``billing documents show --format html`` (one template, ``document.html``) and for the
 PDF (:mod:`billing.console.pdf`). Money in the currency's own units; the machine-readable forms keep integer
-minor units (:meth:`store.documents.Document.to_json_dict`)."""
+minor units (:meth:`store.Document.to_json_dict`)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from shared.rules.reference import money
-from store.documents import Document
+from store import Document
 
 from . import render
 

@@ -13,10 +13,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
-from store import Store
-from store import documents as ledger_documents
-from store.ledger import AlreadyVoided, LedgerError
-from store.queries import PERIOD_PATTERN
+from store import PERIOD_PATTERN, AlreadyVoided, Document, LedgerError, Period, Store
 
 from ..ledger import closing_message, void_batch
 from . import guard
@@ -87,9 +84,7 @@ def list_documents(
 ) -> list[dict[str, Any]]:
     """A JSON list as ``billing documents list --format json`` prints it; a full page has a ``Link`` header to
     the next one."""
-    found = ledger_documents.documents(
-        store.engine, period=period, account=account, kind=kind, limit=limit, offset=offset
-    )
+    found = store.documents(period=period, account=account, kind=kind, limit=limit, offset=offset)
     if len(found) == limit:
         query = {k: v for k, v in (("period", period), ("account", account), ("kind", kind)) if v}
         following = urlencode({**query, "limit": limit, "offset": offset + limit})
@@ -116,8 +111,8 @@ def document_pdf(store: StoreDep, number: Number) -> Response:
     return Response(body, media_type="application/pdf", headers={"Content-Disposition": disposition})
 
 
-def _document(store: Store, number: int) -> ledger_documents.Document:
-    found = ledger_documents.document(store.engine, number)
+def _document(store: Store, number: int) -> Document:
+    found = store.document(number)
     if found is None:
         raise HTTPException(404, f"no document numbered {number}")
     return found
@@ -125,7 +120,7 @@ def _document(store: Store, number: int) -> ledger_documents.Document:
 
 @router.get("/periods", response_model=list[PeriodOut], summary="Billing periods, newest first: state, pending")
 def list_periods(store: StoreDep) -> list[dict[str, Any]]:
-    return [period.to_json_dict() for period in ledger_documents.periods(store.engine)]
+    return [period.to_json_dict() for period in store.periods()]
 
 
 @router.get("/periods/{period}", response_model=PeriodOut, summary="One billing period: state, pending difference")
@@ -133,10 +128,10 @@ def one_period(store: StoreDep, period: PeriodName) -> dict[str, Any]:
     return period_state(store, period).to_json_dict()
 
 
-def period_state(store: Store, period: str) -> ledger_documents.Period:
-    """A period as :func:`store.documents.periods` has it; one without rows or documents open, nothing pending."""
-    found = ledger_documents.periods(store.engine, period)
-    return found[0] if found else ledger_documents.Period(period, False, 0, ())
+def period_state(store: Store, period: str) -> Period:
+    """A period as :meth:`store.Store.periods` has it; one without rows or documents open, nothing pending."""
+    found = store.periods(period)
+    return found[0] if found else Period(period, False, 0, ())
 
 
 @router.get("/csrf", summary="A CSRF value for the actions (also set as the `billing_csrf` cookie)")
@@ -163,7 +158,7 @@ async def close_period(
 ) -> dict[str, Any]:
     guard.authorise(request, settings, token, csrf)
     try:
-        issued = await run_in_threadpool(ledger_documents.close, store.engine, period)
+        issued = await run_in_threadpool(store.close_period, period)
     except LedgerError as exc:
         raise refusal(exc) from None
     message = closing_message(period, issued)
@@ -189,7 +184,7 @@ async def void(
 ) -> dict[str, Any]:
     guard.authorise(request, settings, token, csrf)
     try:
-        voided = await void_batch(settings, store.engine, batch_id)
+        voided = await void_batch(settings, store, batch_id)
     except LedgerError as exc:
         raise refusal(exc) from None
     return batch_json(voided)

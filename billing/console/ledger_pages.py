@@ -11,7 +11,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, HTTPException, Path, Query, Request
 from fastapi.responses import HTMLResponse, RedirectResponse
 
-from store import documents as ledger_documents
+from store import Period
 
 from . import guard, invoice, ledger_api, render
 from .api import ID_PATTERN, SettingsDep, StoreDep
@@ -22,7 +22,7 @@ router = APIRouter(include_in_schema=False)
 Count = Annotated[int | None, Query(ge=0, le=10**9)]
 
 
-def pending_totals(period: ledger_documents.Period) -> list[dict[str, Any]]:
+def pending_totals(period: Period) -> list[dict[str, Any]]:
     """The pending difference summed per currency: documents, net, tax, total (minor units)."""
     sums: dict[str, dict[str, Any]] = defaultdict(lambda: {"documents": 0, "net": 0, "tax": 0, "total": 0})
     for difference in period.pending:
@@ -35,7 +35,7 @@ def pending_totals(period: ledger_documents.Period) -> list[dict[str, Any]]:
 
 @router.get("/periods")
 def periods_page(store: StoreDep) -> HTMLResponse:
-    found = ledger_documents.periods(store.engine)
+    found = store.periods()
     rows = [{"period": p, "totals": pending_totals(p)} for p in found]
     return HTMLResponse(render.page("periods.html", periods=rows))
 
@@ -45,7 +45,7 @@ def period_page(
     request: Request, store: StoreDep, settings: SettingsDep, period: PeriodName, issued: Count = None
 ) -> HTMLResponse:
     state = period_state(store, period)
-    docs = ledger_documents.documents(store.engine, period=period)
+    docs = store.documents(period=period)
     return guard.form_page(
         request,
         settings,
@@ -74,7 +74,7 @@ async def close_action(
 
 @router.get("/documents/{number}")
 def document_page(request: Request, store: StoreDep, settings: SettingsDep, number: Number) -> HTMLResponse:
-    found = ledger_documents.document(store.engine, number)
+    found = store.document(number)
     if found is None:
         raise HTTPException(404, f"no document numbered {number}")
     return guard.form_page(request, settings, invoice.html, found)

@@ -15,8 +15,7 @@ from fastapi import APIRouter, Form, HTTPException, Path, Query, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
 from shared.messaging.processes import role_states
-from store import BatchState, queries
-from store.queries import Filters
+from store import PERIOD_PATTERN, BatchState, Filters
 
 from .. import poison
 from . import charts, guard, render
@@ -78,7 +77,7 @@ def batch_page(
     if detail["rejects_by_reason"]:
         reasons = detail["rejects_by_reason"]
         drawn.append(charts.bars(list(reasons), list(reasons.values()), title="Rejects by reason", unit="rows"))
-    rejected = queries.rejected_rows(store, batch_id, limit=100)
+    rejected = store.rejected_rows(batch_id, limit=100)
     context = {
         "detail": detail,
         "batch": batch,
@@ -105,7 +104,7 @@ def _phase_spans(batch: dict[str, Any]) -> list[tuple[str, float, float]]:
 @router.get("/invoices")
 def invoices_page(
     store: StoreDep,
-    period: Annotated[str | None, Query(pattern=f"^({queries.PERIOD_PATTERN[1:-1]})?$")] = None,
+    period: Annotated[str | None, Query(pattern=f"^({PERIOD_PATTERN[1:-1]})?$")] = None,
     batch: Annotated[str | None, Query(pattern=ID_PATTERN)] = None,
     offset: Annotated[int, Query(ge=0, le=10**9)] = 0,
 ) -> HTMLResponse:
@@ -116,9 +115,9 @@ def invoices_page(
     else:
         period = period or date.today().strftime("%Y-%m")
         selection, subject = Filters(period=period), period
-    result = queries.invoices(store, selection, limit=INVOICE_PAGE, offset=offset)
+    result = store.invoices(selection, limit=INVOICE_PAGE, offset=offset)
     rows = [row_json(row) for row in result.rows]
-    leaders = queries.top(store, "account_id", selection, limit=charts.LIMIT).rows
+    leaders = store.top("account_id", selection, limit=charts.LIMIT).rows
     drawn = render.net_by_chart(leaders, "account_id", title=f"Net by account (top {charts.LIMIT}), {subject}")
     query = urlencode({k: v for k, v in (("period", period), ("batch", batch)) if v})
     return _html(
@@ -139,9 +138,9 @@ def invoices_page(
 @router.get("/accounts/{account_id}")
 def account_page(store: StoreDep, account_id: Annotated[str, Path(pattern=ID_PATTERN)]) -> HTMLResponse:
     mine = Filters(accounts=(account_id,))
-    daily = queries.daily(store, mine, by_product=True)
+    daily = store.daily(mine, by_product=True)
     drawn = render.daily_net_chart(daily.rows, title="Daily net by product")
-    invoices = queries.invoices(store, mine)
+    invoices = store.invoices(mine)
     return _html(
         "account.html",
         account_id=account_id,

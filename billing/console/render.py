@@ -14,7 +14,7 @@ import jinja2
 import pandas as pd
 
 from shared.rules.reference import CURRENCY_DIGITS, money
-from store.queries import Filters
+from store import MONEY_COLUMNS, Filters
 
 from . import charts
 
@@ -25,7 +25,6 @@ ENVIRONMENT = jinja2.Environment(
     trim_blocks=True,
     lstrip_blocks=True,
 )
-MONEY_COLUMNS = ("net", "tax", "total")
 
 
 def units(minor: int, currency: str) -> float:

@@ -10,7 +10,7 @@ anywhere. So the rule is decided in two cheap steps around validation, which can
 2. :func:`keep_first`, once every row is validated (the controller): of the otherwise valid rows that
    repeat an id (held back until then), the first of each id is kept when the id's first occurrence was
    rejected; every other one is a duplicate. A first occurrence whose id may have been counted in an earlier
-   batch is held too, as a repeat of itself (``repeat_of`` its own row; see :mod:`store.ids`), and kept
+   batch is held too, as a repeat of itself (``repeat_of`` its own row; see :mod:`store.ledger.ids`), and kept
    unless the ledger has its id.
 
 A first occurrence that is otherwise valid is counted at once, as are rows whose id does not repeat.

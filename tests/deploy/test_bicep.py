@@ -44,7 +44,7 @@ from pycep import BicepParser
 from billing.autoscale import QueueTrigger, ScaleRule
 from shared import telemetry
 from shared.settings import Settings
-from store.batches import BatchState
+from store import BatchState
 
 ROOT = Path(__file__).resolve().parents[2]
 AZURE = ROOT / "deploy" / "azure"

@@ -10,10 +10,7 @@ from decimal import Decimal
 
 import pytest
 
-from store import Store, queries
-from store.documents import Document, close, document, documents
-from store.ledger import LedgerError, void
-from store.queries import Filters
+from store import Document, Filters, LedgerError, Store
 from support.records import complete, manifest, partial, result
 
 NOW = datetime(2026, 4, 10, 9, 0, tzinfo=UTC)
@@ -33,7 +30,7 @@ def _lines(docs: list[Document]) -> dict[tuple[str, str, str], list[int]]:
 
 def _fresh(store: Store, period: str) -> dict[tuple[str, str, str], list[int]]:
     """The period's counted rows summed per account, currency and product, computed afresh."""
-    rows = queries.totals(store, ("account_id", "product"), Filters(period=period)).rows
+    rows = store.totals(("account_id", "product"), Filters(period=period)).rows
     return {
         (r["account_id"], r["currency"], r["product"]): [r[m] for m in ("transactions", "net", "tax", "total")]
         for r in rows
@@ -51,7 +48,7 @@ def test_a_first_close_issues_an_invoice_per_account_and_currency_in_code_point_
         partial("Zed", net=1, tax=0),
         partial("acct-a", net=5, tax=1, day="2026-04-01"),  # another period
     )
-    issued = close(store.engine, "2026-03", now=NOW)
+    issued = store.close_period("2026-03", now=NOW)
     assert [(d.number, d.kind, d.account_id, d.currency) for d in issued] == [
         (1, "invoice", "Zed", "USD"),
         (2, "invoice", "acct-B", "EUR"),
@@ -67,9 +64,9 @@ def test_a_first_close_issues_an_invoice_per_account_and_currency_in_code_point_
         ("GPU", 1, "0.000001", BIG, ["b1"]),
     ]
     assert third["period"] == "2026-03" and third["pricebooks"] == ["pb"] and third["tax_tables"] == ["tx"]
-    assert [d.to_json_dict() for d in documents(store.engine)] == [d.to_json_dict() for d in issued]
+    assert [d.to_json_dict() for d in store.documents()] == [d.to_json_dict() for d in issued]
     assert _lines(issued) == _fresh(store, "2026-03")
-    april = close(store.engine, "2026-04", now=NOW)
+    april = store.close_period("2026-04", now=NOW)
     assert [(d.number, d.kind, d.account_id, d.net) for d in april] == [(4, "invoice", "acct-a", 5)]
 
 
@@ -80,16 +77,16 @@ def test_closing_again_issues_only_what_changed_as_signed_adjustments_and_never_
     store.apply(
         [manifest("running", work_items=2)], [result("running-w1", partial("acct-1", net=1, tax=0), batch_id="running")]
     )
-    first = close(store.engine, "2026-03", now=NOW)
+    first = store.close_period("2026-03", now=NOW)
     assert [(d.number, d.account_id, d.net) for d in first] == [(1, "acct-1", 100), (2, "acct-2", 40)], "running: later"
-    snapshot = [d.to_json_dict() for d in documents(store.engine)]
+    snapshot = [d.to_json_dict() for d in store.documents()]
 
-    assert close(store.engine, "2026-03", now=NOW) == [], "nothing changed: nothing issued"
+    assert store.close_period("2026-03", now=NOW) == [], "nothing changed: nothing issued"
 
     store.apply([], [result("running-w2", partial("acct-1", product="GPU", net=3, tax=0), batch_id="running")])
     complete(store, "b2", partial("acct-3", net=9, tax=0))
-    void(store.engine, "b1")
-    second = close(store.engine, "2026-03", now=NOW)
+    store.void("b1")
+    second = store.close_period("2026-03", now=NOW)
     assert [(d.number, d.kind, d.account_id, d.net, d.tax, d.total) for d in second] == [
         (3, "adjustment", "acct-1", -96, -10, -106),  # b1's 110 gone, the running batch's 4 in
         (4, "adjustment", "acct-2", -40, -4, -44),
@@ -99,23 +96,23 @@ def test_closing_again_issues_only_what_changed_as_signed_adjustments_and_never_
         ("CPU", -99, ("b1", "running")),
         ("GPU", 3, ("running",)),
     ]
-    assert [d.to_json_dict() for d in documents(store.engine)][:2] == snapshot, "issued documents never change"
+    assert [d.to_json_dict() for d in store.documents()][:2] == snapshot, "issued documents never change"
     assert _lines(first + second) == _fresh(store, "2026-03")
-    assert [d.number for d in documents(store.engine, kind="adjustment")] == [3, 4]
-    assert [d.number for d in documents(store.engine, account="acct-1", period="2026-03")] == [1, 3]
-    shown = document(store.engine, 3)
+    assert [d.number for d in store.documents(kind="adjustment")] == [3, 4]
+    assert [d.number for d in store.documents(account="acct-1", period="2026-03")] == [1, 3]
+    shown = store.document(3)
     assert shown is not None and shown.to_json_dict() == second[0].to_json_dict()
-    assert document(store.engine, 99) is None
+    assert store.document(99) is None
 
 
 @pytest.mark.parametrize("period", ["2026-13", "2026-3", "26-03", "2026-03-01", "", "0000-01", "2026-05"])
 def test_a_malformed_or_future_period_is_refused_and_nothing_is_issued(store: Store, period: str) -> None:
     complete(store, "b1", partial("acct-1"))
     with pytest.raises(LedgerError, match=r"YYYY-MM|future") as refused:
-        close(store.engine, period, now=NOW)
+        store.close_period(period, now=NOW)
     assert "\n" not in str(refused.value)
-    assert documents(store.engine) == []
-    assert [d.number for d in close(store.engine, "2026-03", now=NOW)] == [1], "no number was taken"
+    assert store.documents() == []
+    assert [d.number for d in store.close_period("2026-03", now=NOW)] == [1], "no number was taken"
 
 
 def test_closes_at_once_are_serialised_and_numbers_stay_gap_free(sql_url: str) -> None:
@@ -128,7 +125,7 @@ def test_closes_at_once_are_serialised_and_numbers_stay_gap_free(sql_url: str) -
     def closer(period: str) -> None:
         try:
             with Store(sql_url) as mine:
-                issued.append(close(mine.engine, period, now=NOW))
+                issued.append(mine.close_period(period, now=NOW))
         except BaseException as exc:
             errors.append(exc)
 
@@ -140,7 +137,7 @@ def test_closes_at_once_are_serialised_and_numbers_stay_gap_free(sql_url: str) -
     assert not errors
     assert sorted(len(docs) for docs in issued) == [0, 0, 0, 0, 12, 12], "each period closed once"
     with Store(sql_url) as store:
-        found = documents(store.engine)
+        found = store.documents()
     assert [d.number for d in found] == list(range(1, 25)), "gap-free, each number once"
     for docs in issued:
         assert [d.number for d in docs] == list(range(docs[0].number, docs[0].number + 12)) if docs else True

@@ -10,9 +10,7 @@ from datetime import UTC, datetime
 import pytest
 import sqlalchemy as sa
 
-from store import SCHEMA_REVISION, Store, queries
-from store.documents import close, documents
-from store.queries import Filters
+from store import SCHEMA_REVISION, Filters, Store
 from support.records import complete, manifest, partial, result
 from support.revisions import at_revision
 from support.waiting import wait_until
@@ -32,8 +30,8 @@ def test_rows_of_a_closed_period_are_counted_at_once_named_late_and_billed_by_it
         [manifest("running", work_items=2)],
         [result("running-w1", partial("acct-1", net=1, tax=0, transactions=2), batch_id="running")],
     )
-    (invoice,) = close(store.engine, "2026-03", now=NOW)
-    assert close(store.engine, "2026-02", now=NOW) == [], "nothing to bill: the period is closed all the same"
+    (invoice,) = store.close_period("2026-03", now=NOW)
+    assert store.close_period("2026-02", now=NOW) == [], "nothing to bill: the period is closed all the same"
     assert _late(store, "early") == {}
 
     store.apply([], [result("running-w2", partial("acct-2", net=5, tax=1, day="2026-04-01"), batch_id="running")])
@@ -48,15 +46,15 @@ def test_rows_of_a_closed_period_are_counted_at_once_named_late_and_billed_by_it
     assert _late(store, "late") == {"2026-02": 1, "2026-03": 3}
     listed = {s.batch_id: s.late for s in store.batches()}
     assert listed == {"early": {}, "running": {"2026-03": 2}, "late": {"2026-02": 1, "2026-03": 3}}
-    march = queries.invoices(store, Filters(period="2026-03")).rows
+    march = store.invoices(Filters(period="2026-03")).rows
     assert [(r["account_id"], r["net"]) for r in march] == [("acct-1", 108)], "counted at once"
 
-    (adjustment,) = close(store.engine, "2026-03", now=NOW)
+    (adjustment,) = store.close_period("2026-03", now=NOW)
     assert (adjustment.kind, adjustment.account_id, adjustment.net, adjustment.number) == ("adjustment", "acct-1", 8, 2)
     assert [(line.sums.transactions, line.batches) for line in adjustment.lines] == [(5, ("late", "running"))]
-    (february,) = close(store.engine, "2026-02", now=NOW)
+    (february,) = store.close_period("2026-02", now=NOW)
     assert (february.kind, february.net, february.lines[0].batches) == ("invoice", 4, ("late",))
-    assert [d.number for d in documents(store.engine)] == [invoice.number, 2, 3]
+    assert [d.number for d in store.documents()] == [invoice.number, 2, 3]
     assert _late(store, "late") == {"2026-02": 1, "2026-03": 3}, "late stays late once billed"
 
 
@@ -80,7 +78,7 @@ def test_completions_racing_a_close_are_late_exactly_when_it_left_them_out(sql_u
         try:
             with Store(sql_url) as mine:
                 started.wait()
-                close(mine.engine, "2026-03", now=NOW)
+                mine.close_period("2026-03", now=NOW)
         except BaseException as exc:
             errors.append(exc)
 
@@ -92,11 +90,11 @@ def test_completions_racing_a_close_are_late_exactly_when_it_left_them_out(sql_u
         thread.join()
     assert not errors
     with Store(sql_url) as store:
-        first = {b for d in documents(store.engine) for line in d.lines for b in line.batches}
+        first = {b for d in store.documents() for line in d.lines for b in line.batches}
         late = {s.batch_id for s in store.batches() if s.late}
         assert all(s.late in ({}, {"2026-03": 1}) for s in store.batches())
         assert late == {f"b{i:02d}" for i in range(24)} - first, "late exactly when the close left it out"
-        later = close(store.engine, "2026-03", now=NOW)
+        later = store.close_period("2026-03", now=NOW)
         assert {b for d in later for line in d.lines for b in line.batches} == late
 
 
@@ -114,12 +112,12 @@ def test_a_completion_waits_for_a_close_under_way_and_is_late(sql_url: str) -> N
     completing meanwhile waits for it, then sees the period closed."""
     with Store(sql_url) as store:
         complete(store, "feb", partial("acct-1", day="2026-02-03"))
-        close(store.engine, "2026-02", now=NOW)  # the counter of document numbers exists
+        store.close_period("2026-02", now=NOW)  # the counter of document numbers exists
         complete(store, "early", partial("acct-1"))
         store.apply([manifest("racing")], [])
         holder = store.engine.connect()
         holder.execute(sa.text("UPDATE counters SET value = value WHERE name = 'document_number'"))
-        closing = threading.Thread(target=close, args=(store.engine, "2026-03"), kwargs={"now": NOW})
+        closing = threading.Thread(target=store.close_period, args=("2026-03",), kwargs={"now": NOW})
         closing.start()
         assert wait_until(lambda: _waiting(store) == 1, 30), "the close is held up"
         completing = threading.Thread(
@@ -131,7 +129,7 @@ def test_a_completion_waits_for_a_close_under_way_and_is_late(sql_url: str) -> N
         holder.close()
         closing.join()
         completing.join()
-        assert [line.batches for d in documents(store.engine, period="2026-03") for line in d.lines] == [("early",)]
+        assert [line.batches for d in store.documents(period="2026-03") for line in d.lines] == [("early",)]
         assert _late(store, "racing") == {"2026-03": 1}, "completed after the close: late"
 
 

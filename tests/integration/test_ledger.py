@@ -10,10 +10,8 @@ from decimal import Decimal
 import pytest
 import sqlalchemy as sa
 
-from store import SCHEMA_REVISION, Store, queries, reports
-from store.documents import close
-from store.ledger import AlreadyVoided, LedgerError, void
-from store.queries import Filters
+from billing import reports
+from store import SCHEMA_REVISION, AlreadyVoided, Filters, LedgerError, Store
 from store.schema import aggregates
 from support.records import complete, manifest, partial, result
 from support.revisions import at_revision
@@ -73,21 +71,21 @@ def test_concurrent_controllers_take_every_number_once(sql_url: str) -> None:
 def test_a_voided_batch_counts_nowhere_but_its_aggregates_stay(store: Store) -> None:
     complete(store, "kept", partial("acct-1", net=50, tax=10))
     complete(store, "wrong", partial("acct-1", net=700, tax=7), partial("acct-2", net=3, tax=0))
-    before = queries.invoices(store)
+    before = store.invoices()
     assert [(r["account_id"], r["net"]) for r in before.rows] == [("acct-1", 750), ("acct-2", 3)]
 
-    voided = void(store.engine, "wrong")
+    voided = store.void("wrong")
 
     assert voided.voided and voided.state == "complete" and voided.seq == 2
     status = store.batch("wrong")
     assert status is not None and status.to_json_dict()["voided"] is True and status.voided_at == voided.voided_at
-    after = queries.invoices(store)
+    after = store.invoices()
     assert [(r["account_id"], r["net"], r["batches"]) for r in after.rows] == [("acct-1", 50, ["kept"])]
     assert [(b.batch_id, b.state) for b in after.excluded] == [("wrong", "voided")]
-    named = queries.invoices(store, Filters(batches=("wrong", "kept")))
+    named = store.invoices(Filters(batches=("wrong", "kept")))
     assert [r["batches"] for r in named.rows] == [["kept"]] and [b.batch_id for b in named.excluded] == ["wrong"]
     assert reports.aggregates(store, "wrong").empty and reports.invoices(store, "wrong").empty
-    assert sum(r["transactions"] for r in queries.daily(store).rows) == 1
+    assert sum(r["transactions"] for r in store.daily().rows) == 1
     with store.engine.connect() as conn:
         stored = conn.execute(sa.select(aggregates.c.net).where(aggregates.c.batch_id == "wrong")).scalars().all()
     assert sorted(stored) == [Decimal(3), Decimal(700)], "its aggregates stay stored"
@@ -96,7 +94,7 @@ def test_a_voided_batch_counts_nowhere_but_its_aggregates_stay(store: Store) -> 
 def test_void_refuses_unknown_incomplete_and_voided_batches_and_changes_nothing(store: Store) -> None:
     store.apply([manifest("running", work_items=2)], [result("running-w1", batch_id="running")])
     complete(store, "done")
-    void(store.engine, "done")
+    store.void("done")
     snapshot = store.batches()
     for batch_id, error, words in (
         ("nosuch", LedgerError, "unknown"),
@@ -104,7 +102,7 @@ def test_void_refuses_unknown_incomplete_and_voided_batches_and_changes_nothing(
         ("done", AlreadyVoided, "voided before"),
     ):
         with pytest.raises(error, match=words) as refused:
-            void(store.engine, batch_id)
+            store.void(batch_id)
         assert "\n" not in str(refused.value)
     assert store.batches() == snapshot
 
@@ -135,16 +133,16 @@ def test_a_store_made_before_the_ledger_upgrades_in_place_and_is_used(sql_url: s
     with Store(sql_url) as store:  # upgrades in place
         assert store.revision() == SCHEMA_REVISION
         assert _seqs(store) == {"old-a": 1, "old-b": 2, "old-refused": None}
-        assert [r["net"] for r in queries.invoices(store).rows] == [33]
+        assert [r["net"] for r in store.invoices().rows] == [33]
         complete(store, "new", partial("acct-1", net=5, tax=0), accepted_at=T0 + timedelta(days=1))
         assert _seqs(store)["new"] == 3
-        void(store.engine, "old-b")
-        assert [r["net"] for r in queries.invoices(store).rows] == [16]
-        (invoice,) = close(store.engine, "2026-03")  # its periods close
+        store.void("old-b")
+        assert [r["net"] for r in store.invoices().rows] == [16]
+        (invoice,) = store.close_period("2026-03")  # its periods close
         assert (invoice.number, invoice.kind, invoice.net, invoice.lines[0].batches) == (
             1,
             "invoice",
             16,
             ("new", "old-a"),
         )
-        assert close(store.engine, "2026-03") == []
+        assert store.close_period("2026-03") == []

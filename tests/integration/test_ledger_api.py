@@ -24,7 +24,6 @@ from billing.console.app import create_app
 from shared.messaging.storage import Storage
 from shared.settings import Settings
 from store import Store
-from store.documents import close, documents, pending
 from store.schema import batches, counters
 from support.records import manifest, partial, result
 
@@ -83,15 +82,15 @@ def ledger_state(store: Store) -> dict[str, Any]:
     with store.engine.connect() as conn:
         voided = {r.batch_id: r.voided_at is not None for r in conn.execute(sa.select(batches))}
         numbers = {r.name: r.value for r in conn.execute(sa.select(counters))}
-    docs = [{k: v for k, v in d.to_json_dict().items() if k != "issued_at"} for d in documents(store.engine)]
+    docs = [{k: v for k, v in d.to_json_dict().items() if k != "issued_at"} for d in store.documents()]
     return {"documents": docs, "voided": voided, "counters": numbers}
 
 
 def test_documents_periods_and_the_pending_difference(client: TestClient, store: Store) -> None:
-    issued = close(store.engine, "2026-03")
+    issued = store.close_period("2026-03")
     assert [(d.number, d.account_id, d.currency) for d in issued] == [(1, "acct-1", "USD"), (2, "acct-3", "JPY")]
     listed = client.get("/api/documents").json()
-    assert listed == [d.to_json_dict() for d in documents(store.engine)], "the JSON of billing documents list"
+    assert listed == [d.to_json_dict() for d in store.documents()], "the JSON of billing documents list"
     assert client.get("/api/documents", params={"account": "acct-3"}).json() == listed[1:]
     assert client.get("/api/documents", params={"kind": "adjustment"}).json() == []
     assert client.get("/api/documents", params={"period": "2026-04"}).json() == []
@@ -119,7 +118,7 @@ def test_documents_periods_and_the_pending_difference(client: TestClient, store:
     april, march = periods["2026-04"], periods["2026-03"]
     assert (april["state"], april["documents"], [d["kind"] for d in april["pending"]]) == ("open", 0, ["invoice"])
     assert (march["state"], march["documents"]) == ("closed", 2)
-    assert march["pending"] == [d.to_json_dict() for d in pending(store.engine, "2026-03")]
+    assert march["pending"] == [d.to_json_dict() for d in store.pending("2026-03")]
     assert [(d["kind"], d["account_id"], d["total"], d["lines"][0]["batches"]) for d in march["pending"]] == [
         ("adjustment", "acct-3", 10, ["b3"]),
         ("invoice", "acct-9", 6, ["running"]),
@@ -135,7 +134,7 @@ def test_documents_periods_and_the_pending_difference(client: TestClient, store:
         page = client.get(path)
         assert page.status_code == 200 and shown in page.text, path
         assert "<form" not in page.text, "read-only without a token"
-    second = [d.to_json_dict() for d in close(store.engine, "2026-03")]
+    second = [d.to_json_dict() for d in store.close_period("2026-03")]
     assert [{k: v for k, v in d.items() if k in march["pending"][0]} for d in second] == march["pending"]
     assert client.get("/api/periods/2026-03").json()["pending"] == []
 
@@ -172,7 +171,7 @@ def test_close_and_void_need_the_token_and_csrf_and_are_refused_as_the_cli_refus
 
     closed = client.post("/api/periods/2026-03/close", data=right).json()
     assert closed["message"] == "period 2026-03: issued 2 document(s), numbers 1 to 2"
-    assert closed["issued"] == [d.to_json_dict() for d in documents(store.engine)]
+    assert closed["issued"] == [d.to_json_dict() for d in store.documents()]
     again = client.post("/api/periods/2026-03/close", data=right).json()
     assert again["issued"] == [] and "nothing to issue" in again["message"]
     voided = client.post("/api/batches/b2/void", data=right)
@@ -184,7 +183,7 @@ def test_close_and_void_need_the_token_and_csrf_and_are_refused_as_the_cli_refus
 
     page = client.post("/periods/2026-03/close", data=right, follow_redirects=False)
     assert page.status_code == 303 and page.headers["location"] == "/periods/2026-03?issued=1"
-    assert [d.kind for d in documents(store.engine)] == ["invoice", "invoice", "adjustment"], "b2's credit"
+    assert [d.kind for d in store.documents()] == ["invoice", "invoice", "adjustment"], "b2's credit"
     shown = client.get("/periods/2026-03?issued=1").text
     assert "Closed: 1 document(s) issued." in shown and 'action="/periods/2026-03/close"' in shown
     assert 'action="/batches/b1/void"' in client.get("/documents/1").text

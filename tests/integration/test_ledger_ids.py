@@ -13,13 +13,14 @@ import sqlalchemy as sa
 
 from benchmarks.ledger import Cut, InProcess, apply, ledger_filter, load_ledger
 from benchmarks.reference_model import Ledger, Row, read_prices, read_rates
+from billing import reports
 from billing.sample import sample_price_book_bytes, sample_tax_table_bytes
 from shared.messages import IdsPart
 from shared.rules.duplicates import id_hashes
-from store import BatchState, Store, reports
+from store import BatchState, Store
 from store.engine import writing
-from store.ids import IDS, SEGMENT_ROWS, insert_ids
-from store.ledger import take_numbers, void
+from store.ledger.ids import IDS, SEGMENT_ROWS, insert_ids
+from store.ledger.numbers import take_numbers
 from store.schema import ledger_ids
 from support.ledger import csv_of, manifest_with, rows_of
 from support.revisions import at_revision
@@ -62,7 +63,7 @@ def test_an_overlapping_batch_counts_only_new_ids_and_a_void_releases_them(store
     second = rows_of([f"t{i}" for i in range(150, 260)] + ["t5", "t170", "n1", "n1"], quantity="3")
     cut = _run(store, shared, model, "second", second)
     assert sum(r.held.num_rows for r in cut.results) >= 51  # every shared id held for the exact check
-    void(store.engine, "first")
+    store.void("first")
     model.void("first")
     third = rows_of([f"t{i}" for i in range(0, 40)] + ["t160", "n1"], quantity="5")
     _run(store, shared, model, "third", third)  # the first's ids count again; the second's do not
@@ -278,7 +279,7 @@ def test_a_store_with_ids_recorded_by_seq_upgrades_and_its_ids_still_count(sql_u
     with Store(sql_url) as store:  # upgrades in place
         _run(store, shared, model, "new", rows_of(["m1", "m3", "m2", "m4"]))
         assert store.batch("new").seq == 2  # type: ignore[union-attr]
-        void(store.engine, "old")  # its ids, keyed by its seq before, are released
+        store.void("old")  # its ids, keyed by its seq before, are released
         model.void("old")
         _run(store, shared, model, "after", rows_of(["m2", "m5"]))
 

@@ -27,11 +27,8 @@ from benchmarks import reference_model as model
 from benchmarks.ledger import Cut, InProcess
 from billing.sample import sample_price_book_bytes, sample_tax_table_bytes
 from shared.messages import Manifest, WorkItemResult
-from store import BatchState, Store, queries, schema
-from store.documents import Document, close, documents
+from store import BatchState, Document, Filters, LedgerError, Store, schema
 from store.engine import writing
-from store.ledger import LedgerError, void
-from store.queries import Filters
 from support.ledger import csv_of
 
 PRICES = model.read_prices(sample_price_book_bytes().decode())
@@ -97,12 +94,12 @@ class LedgerMachine(RuleBasedStateMachine):
         """Void a batch: done when it is complete and not voided, refused with nothing changed otherwise."""
         batch_id = data.draw(st.sampled_from(sorted(self.files)))
         if batch_id in self.ledger.rated and batch_id not in self.ledger.voided:
-            assert void(self.store.engine, batch_id).voided
+            assert self.store.void(batch_id).voided
             self.ledger.void(batch_id)
             return
         before = self.store.batches()
         with pytest.raises(LedgerError):
-            void(self.store.engine, batch_id)
+            self.store.void(batch_id)
         assert self.store.batches() == before
 
     @precondition(lambda self: self.files)
@@ -111,14 +108,14 @@ class LedgerMachine(RuleBasedStateMachine):
         """Close a period: the model's documents, and the lines of all its documents add up to a fresh
         computation of what is counted now."""
         expected = self.ledger.close(period)
-        issued = close(self.store.engine, period, now=NOW)
+        issued = self.store.close_period(period, now=NOW)
         assert [_as_model(d) for d in issued] == expected
         event("close", ",".join(sorted({d.kind for d in issued})) or "nothing issued")
-        assert _line_sums(documents(self.store.engine, period=period)) == self._fresh(period)
+        assert _line_sums(self.store.documents(period=period)) == self._fresh(period)
 
     @invariant()
     def issued_documents_never_change_and_numbers_have_no_gap(self) -> None:
-        found = [d.to_json_dict() for d in documents(self.store.engine)]
+        found = [d.to_json_dict() for d in self.store.documents()]
         assert found[: len(self.issued)] == self.issued
         assert [d["number"] for d in found] == list(range(1, len(found) + 1))
         self.issued = found
@@ -128,7 +125,7 @@ class LedgerMachine(RuleBasedStateMachine):
         complete = {s.batch_id: s.late for s in self.store.batches() if s.state == BatchState.complete}
         assert complete == {b: self.ledger.late[b] for b in self.ledger.rated}
         for period in PERIODS:
-            rows = queries.totals(self.store, ("account_id", "product"), Filters(period=period)).rows
+            rows = self.store.totals(("account_id", "product"), Filters(period=period)).rows
             live = {(r["account_id"], r["currency"], r["product"]): _measures(r) for r in rows}
             assert live == self._fresh(period)
 
@@ -225,7 +222,7 @@ def test_a_manifest_that_comes_late_keeps_its_batchs_place_in_merge_order(sql_ur
             (BatchState.complete, 2, 1, 1),
             (BatchState.complete, 3, 0, 1),
         ]
-        assert sum(r["transactions"] for r in queries.totals(store, ("account_id",)).rows) == 2, "t0 and t1, once"
+        assert sum(r["transactions"] for r in store.totals(("account_id",)).rows) == 2, "t0 and t1, once"
 
 
 def test_random_submits_voids_and_closes_keep_the_books_exact(sql_url: str) -> None:

@@ -13,7 +13,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from benchmarks.ledger import InProcess, ledger_filter, load_ledger
-from shared.rules.idfilter import IdFilter
+from shared.rules.bloom import IdFilter
 from store import BatchState, Store
 from store.engine import index_plans, writing
 from support.ledger import csv_of, manifest_with, rows_of

@@ -20,10 +20,10 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
+from billing import reports
 from billing.sample import generate
 from shared.messages import PoisonNotice
-from store import Store, queries, reports
-from store.queries import Filters
+from store import Filters, Store
 from support.benchmarks import run_benchmark
 from support.exact import expected, read_raw
 from support.records import manifest, partial, result
@@ -77,7 +77,7 @@ def test_period_invoices_sum_every_complete_batch_and_name_the_others(store: Sto
     store.apply([], [], [PoisonNotice("failed", "failed:1", "max_dequeue_count")])
     _load_reference_batch(store, "slow", processing, items=2, recorded=1)
 
-    found = queries.invoices(store, Filters(period="2026-03"))
+    found = store.invoices(Filters(period="2026-03"))
 
     got = {(r["account_id"], r["billing_period"], r["currency"]): (r["net"], r["tax"], r["total"]) for r in found.rows}
     assert got == _summed(*expected_invoices)
@@ -86,33 +86,33 @@ def test_period_invoices_sum_every_complete_batch_and_name_the_others(store: Sto
     assert [(b.batch_id, b.state) for b in found.excluded] == [("failed", "failed"), ("slow", "processing")]
     assert {batch for row in found.rows for batch in row["batches"]} == {"march-1", "march-2", "march-3"}
 
-    per_batch = queries.invoices(store, Filters(batches=("march-2",)))
+    per_batch = store.invoices(Filters(batches=("march-2",)))
     assert {
         (r["account_id"], r["billing_period"], r["currency"]): (r["net"], r["tax"], r["total"]) for r in per_batch.rows
     } == _summed(expected_invoices[1])
-    named = queries.invoices(store, Filters(batches=("failed", "slow")))  # a failed batch named counts what it did
+    named = store.invoices(Filters(batches=("failed", "slow")))  # a failed batch named counts what it did
     assert [(b.batch_id, b.state) for b in named.batches] == [("failed", "failed")] and named.rows
     assert [(b.batch_id, b.state) for b in named.excluded] == [("slow", "processing")]  # nothing written yet
-    assert queries.invoices(store, Filters(period="2026-04")).rows == []
+    assert store.invoices(Filters(period="2026-04")).rows == []
 
 
 def test_filters_sums_and_order(store: Store) -> None:
     fill(store)
 
-    march = queries.aggregates_of(store, Filters(accounts=("acct-1",), period="2026-03"))
+    march = store.aggregates(Filters(accounts=("acct-1",), period="2026-03"))
     assert [(r["product"], r["billing_day"], r["net"], str(r["quantity"]), r["batches"]) for r in march.rows] == [
         ("CPU", date(2026, 3, 1), 2 * BIG, "3.750000", ["b1", "b2"]),
         ("GPU", date(2026, 3, 31), 50, "1.500000", ["b1"]),
     ]
     assert [b.batch_id for b in march.excluded] == ["b3"]
-    ranged = queries.totals(store, ["account_id"], Filters(start=date(2026, 3, 31), end=date(2026, 4, 1)))
+    ranged = store.totals(["account_id"], Filters(start=date(2026, 3, 31), end=date(2026, 4, 1)))
     assert [(r["account_id"], r["net"]) for r in ranged.rows] == [("acct-1", 50), ("acct-2", 7)]
     assert [b.batch_id for b in ranged.excluded] == ["b3"]  # still running: left out, whatever its days
-    assert [r["currency"] for r in queries.totals(store, [], Filters(currencies=("JPY",))).rows] == ["JPY"]
-    gpu = queries.totals(store, ["product"], Filters(products=("GPU",)))
+    assert [r["currency"] for r in store.totals([], Filters(currencies=("JPY",))).rows] == ["JPY"]
+    gpu = store.totals(["product"], Filters(products=("GPU",)))
     assert [(r["product"], r["total"]) for r in gpu.rows] == [("GPU", 55)]
 
-    daily = queries.daily(store)
+    daily = store.daily()
     assert [(r["billing_day"].isoformat(), r["currency"], r["net"]) for r in daily.rows] == [
         ("2026-03-01", "USD", 2 * BIG),
         ("2026-03-02", "USD", 1),  # batch evil's; b3's 99 are not counted: it is not complete
@@ -120,14 +120,14 @@ def test_filters_sums_and_order(store: Store) -> None:
         ("2026-03-31", "USD", 50),
         ("2026-04-01", "USD", 7),
     ]
-    top = queries.top(store, "account_id", limit=1)
+    top = store.top("account_id", limit=1)
     assert [(r["account_id"], r["currency"], r["net"]) for r in top.rows] == [
         ("acct-3", "JPY", 1234),
         ("acct-1", "USD", 2 * BIG + 50),
     ]
-    paged = [queries.aggregates_of(store, limit=2, offset=offset).rows for offset in (0, 2, 4, 6)]
+    paged = [store.aggregates(limit=2, offset=offset).rows for offset in (0, 2, 4, 6)]
     assert [len(page) for page in paged] == [2, 2, 1, 0]
-    assert [r for page in paged for r in page] == queries.aggregates_of(store).rows
+    assert [r for page in paged for r in page] == store.aggregates().rows
 
 
 def test_invalid_period_is_refused() -> None:
@@ -218,7 +218,7 @@ def test_query_benchmark_runs_at_a_small_size(postgres_url: str, tmp_path: Path)
         assert measured["rows"] == 20000 and measured["median_ms"] > 0
         assert measured["invoice_rows_per_query"] >= 1  # each account has March rows in one or two currencies
         with Store(url) as store:
-            march = queries.invoices(store, Filters(accounts=("acct-000000",), period="2026-03"))
+            march = store.invoices(Filters(accounts=("acct-000000",), period="2026-03"))
             assert all(b.state == "complete" for b in march.batches) and len(march.batches) == 31
     finally:
         with admin.connect() as conn:

@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 
 from benchmarks.store_apply import BATCH, rated
+from billing import reports
 from billing.sample import generate, sample_price_book_bytes, sample_tax_table_bytes
-from store import Store, reports
+from store import Store
 from support.exact import expected, read_raw, sorted_records
 from support.records import manifest
 

@@ -19,8 +19,9 @@ import pytest
 import sqlalchemy as sa
 from alembic.script import ScriptDirectory
 
+from billing import reports
 from shared.messages import PoisonNotice
-from store import MIGRATIONS, SCHEMA_REVISION, Store, reports
+from store import MIGRATIONS, SCHEMA_REVISION, Store
 from store.engine import create_engine
 from store.schema import held
 from support.records import held_row, manifest, partial, result

@@ -17,9 +17,10 @@ import sqlalchemy as sa
 from alembic import command
 from alembic.config import Config
 
+from billing import reports
 from billing.sample import generate
 from shared.messages import PoisonNotice, WorkItemResult
-from store import MIGRATIONS, Store, reports
+from store import MIGRATIONS, Store
 from store.schema import aggregates, batches, held, partials, work_items
 from support import records
 from support.benchmarks import run_benchmark

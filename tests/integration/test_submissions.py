@@ -15,7 +15,6 @@ from shared.messaging.storage import Storage
 from shared.settings import Settings
 from shared.wire import parse_request
 from store import Store
-from store.batches import accounted
 from support.records import manifest, result
 
 
@@ -76,5 +75,5 @@ def test_a_batch_is_accounted_for_once_its_manifest_is_recorded(sql_url: str) ->
         store.apply([manifest("accepted", work_items=2)], [result("accepted:1", batch_id="accepted")])
         store.apply([manifest("refused", refused="bad file")], [])
         asked = ["partial", "accepted", "refused", "unknown", *(f"many-{n}" for n in range(2500))]
-        assert accounted(store.engine, asked) == {"accepted", "refused"}
-        assert accounted(store.engine, []) == set()
+        assert store.accounted(asked) == {"accepted", "refused"}
+        assert store.accounted([]) == set()

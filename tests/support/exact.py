@@ -20,10 +20,11 @@ import pyarrow.parquet as pq
 from click.testing import CliRunner
 
 from benchmarks import reference_model as model
+from billing import reports
 from billing.cli import cli
 from billing.sample import sample_price_book_bytes, sample_tax_table_bytes
 from shared.settings import Settings
-from store import Store, reports
+from store import Store
 
 
 def billing(*args: str) -> subprocess.CompletedProcess[str]:

@@ -13,7 +13,6 @@ import pytest
 
 from shared.settings import Settings
 from store import Store
-from store.documents import documents
 from support.records import manifest, partial, result
 
 ACCOUNTS = 6_000
@@ -35,7 +34,7 @@ def test_a_close_killed_at_any_moment_leaves_all_of_its_documents_or_none(
                     run.send_signal(signal.SIGKILL)
                     kills += 1
                 run.wait()
-            left = documents(store.engine)
+            left = store.documents()
             assert len(left) in (0, ACCOUNTS), f"all or nothing (killed after {delay:.2f} s)"
             delay += 0.4
     assert kills >= 2, "killed while it ran"

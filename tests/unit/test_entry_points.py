@@ -178,6 +178,24 @@ def test_billing_lists_the_benchmarks_commands_only_where_the_benchmarks_are_ins
     assert listed == set(cli.commands) - benchmarks
 
 
+def test_callers_reach_the_store_through_its_face() -> None:
+    """Outside ``store/``, the product imports the package's names (:class:`store.Store` and its types), never a
+    module of it, and asks the store, never its engine."""
+    modules = {
+        path.stem for path in (ROOT / "store").iterdir() if path.suffix == ".py" or (path / "__init__.py").exists()
+    }
+    offending = {}
+    for path in _sources("billing", "controller", "initiator", "processor", "shared"):
+        names = {n for n in _imports(path) if n.startswith("store.") and n.split(".")[1] in modules}
+        tree = ast.parse(path.read_text(), str(path))
+        names |= {
+            f".{node.attr}" for node in ast.walk(tree) if isinstance(node, ast.Attribute) and node.attr == "engine"
+        }
+        if names:
+            offending[str(path.relative_to(ROOT))] = sorted(names)
+    assert offending == {}
+
+
 def test_the_rating_workers_preload_no_storage_client_or_settings() -> None:
     """What the fork server imports for every rating worker is what rating uses: messages are decoded there,
     never sent or fetched, so the storage SDK, its HTTP client and the settings stay out of it."""
@@ -268,7 +286,7 @@ from initiator.debatch import Debatch
 from shared import inbox
 from shared.messages import IdsPart
 from shared.wire import ids_envelope, warm_up
-from shared.rules.idfilter import IdFilter
+from shared.rules.bloom import IdFilter
 from shared.rules.reference import load_price_book, load_tax_table
 warm_up()
 with open({str(batch)!r}, "rb") as file:
@@ -276,7 +294,7 @@ with open({str(batch)!r}, "rb") as file:
 before = set(sys.modules)
 load_price_book(open({str(tmp_path / "pricebook.csv")!r}, "rb").read())
 load_tax_table(open({str(tmp_path / "taxes.csv")!r}, "rb").read())
-debatch = Debatch(work_item_size=100, ledger=IdFilter(1 << 10))
+debatch = Debatch(work_item_size=100, id_filter=IdFilter(1 << 10))
 cuts = list(debatch.parts("b1/batch.csv", "csv", frames, io.BytesIO(data)))
 ids_envelope(IdsPart("b1", 0, debatch.ids()))
 print(json.dumps([sum(cut.rows for cut in cuts), sorted(set(sys.modules) - before)]))

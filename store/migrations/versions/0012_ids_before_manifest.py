@@ -19,7 +19,7 @@ down_revision: str | None = "0011"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
-#: The counter of id keys (store.ids.ID_KEYS).
+#: The counter of id keys (store.ledger.ids.ID_KEYS).
 ID_KEYS = "ledger_id_keys"
 
 

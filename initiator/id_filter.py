@@ -6,7 +6,7 @@ Its metadata ``serial`` counts the batches merged into it. An initiator reads it
 batch's ids in with a write that succeeds only if nobody wrote in between (else it reads and merges again).
 The batch's manifest names both serials: what the filter held when the batch was marked, and the merge that
 added it; the controller numbers batches in the order of their merges and uses the serials to see every earlier batch
-the filter could not have held (:mod:`store.ids`). The filter's size is fixed by the first write
+the filter could not have held (:mod:`store.ledger.ids`). The filter's size is fixed by the first write
 (``BILLING_LEDGER_FILTER_BITS`` then).
 
 After the filter's bits the blob holds the log of its last :data:`LOGGED` merges (serial → batch id, JSON; its
@@ -26,7 +26,7 @@ from azure.core import MatchConditions
 from azure.core.exceptions import ResourceExistsError, ResourceModifiedError, ResourceNotFoundError
 
 from shared.messaging.storage import Storage
-from shared.rules.idfilter import IdFilter
+from shared.rules.bloom import IdFilter
 
 BLOB = "ledger/id-filter"
 SERIAL = "serial"

@@ -1,4 +1,4 @@
-"""Reports of one batch or across batches (`store.queries`), as pandas frames written as a table, CSV,
+"""Reports of one batch or across batches (the store's reads), as pandas frames written as a table, CSV,
 JSON or Parquet.
 
 Money columns (``net``, ``tax``, ``total``) hold Python ints (object dtype), never floats, whatever their
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from datetime import date
-from decimal import Decimal, localcontext
+from decimal import Decimal
 from pathlib import Path
 from typing import Any, Literal
 
@@ -18,18 +18,11 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
-import sqlalchemy as sa
 
 from shared.errors import InputError
 from shared.rules.reference import money
+from store import MONEY_COLUMNS, Filters, Result, Store, quantity_text
 
-from . import queries
-from .core import Store
-from .queries import Filters
-from .schema import EXACT
-from .schema import rejects as rejects_table
-
-MONEY_COLUMNS = ("net", "tax", "total")
 AGGREGATE_COLUMNS = ["account_id", "product", "billing_day", "currency", "transactions", "quantity", *MONEY_COLUMNS]
 INVOICE_COLUMNS = ["account_id", "billing_period", "currency", *MONEY_COLUMNS]
 REJECT_COLUMNS = ["row", "reason", "raw"]
@@ -42,39 +35,32 @@ Format = Literal["table", "csv", "json", "parquet"]
 _FORMULA_PREFIXES = ("=", "+", "-", "@", "\t", "\r")
 
 
-def aggregates(source: Store | sa.Engine, selection: str | Filters) -> pd.DataFrame:
+def aggregates(store: Store, selection: str | Filters) -> pd.DataFrame:
     """Aggregates per (account_id, product, billing_day, currency), sorted by that key: of one batch (its id),
-    or summed over the batches ``selection`` (:class:`~store.queries.Filters`) counts."""
-    return _report(queries.aggregates_of(source, _filters(selection)), selection, AGGREGATE_COLUMNS)
+    or summed over the batches ``selection`` (:class:`~store.Filters`) counts."""
+    return _report(store.aggregates(_filters(selection)), selection, AGGREGATE_COLUMNS)
 
 
-def invoices(source: Store | sa.Engine, selection: str | Filters) -> pd.DataFrame:
+def invoices(store: Store, selection: str | Filters) -> pd.DataFrame:
     """Invoices per (account_id, billing_period YYYY-MM, currency): exact sums of the aggregates of one batch
     (its id), or of the batches ``selection`` counts (by default every complete batch)."""
-    return _report(queries.invoices(source, _filters(selection)), selection, INVOICE_COLUMNS)
+    return _report(store.invoices(_filters(selection)), selection, INVOICE_COLUMNS)
 
 
-def rejects(source: Store | sa.Engine, selection: str | Filters) -> pd.DataFrame:
+def rejects(store: Store, selection: str | Filters) -> pd.DataFrame:
     """The rejected rows (1-based row number, reason code, raw row as JSON text) of one batch, by row; or of
     the batches ``selection`` names (with a ``batch_id`` column)."""
     batch_ids = _filters(selection).batches
     if not batch_ids:
         raise InputError("rejects are per batch: name the batch(es)")
-    t = rejects_table
-    query = sa.select(t.c.batch_id, t.c.row, t.c.reason, t.c.raw).where(t.c.batch_id.in_(batch_ids))
-    with _engine(source).connect() as conn:
-        records = sorted(tuple(r) for r in conn.execute(query.order_by(t.c.batch_id, t.c.row)))
+    records = [
+        (batch_id, row["row"], row["reason"], row["raw"])
+        for batch_id in sorted(set(batch_ids))
+        for row in store.rejected_rows(batch_id)
+    ]
     if isinstance(selection, str):
         return _frame([record[1:] for record in records], REJECT_COLUMNS)
     return _frame(records, ["batch_id", *REJECT_COLUMNS])
-
-
-def format_quantity(value: Decimal) -> str:
-    """A plain decimal string without exponent or trailing zeros: ``12.500000`` → ``"12.5"``."""
-    if value == 0:
-        return "0"
-    with localcontext(EXACT):
-        return format(value.normalize(), "f")
 
 
 def write_report(df: pd.DataFrame, fmt: Format, output: Path | None = None) -> str | None:
@@ -120,7 +106,7 @@ def _filters(selection: str | Filters) -> Filters:
     return Filters(batches=(selection,)) if isinstance(selection, str) else selection
 
 
-def _report(result: queries.Result, selection: str | Filters, columns: list[str]) -> pd.DataFrame:
+def _report(result: Result, selection: str | Filters, columns: list[str]) -> pd.DataFrame:
     """``result`` as a frame of ``columns`` (quantity as plain text), with a ``batches`` column (the batch ids
     each row sums, space-separated) unless it is one batch's; ``attrs`` keep the batches included and excluded."""
     one_batch = isinstance(selection, str)
@@ -140,11 +126,7 @@ def _text(value: Any) -> Any:
     """Report cells: days as ISO text, quantities as plain decimal text, the rest as they are."""
     if isinstance(value, date):
         return value.isoformat()
-    return format_quantity(value) if isinstance(value, Decimal) else value
-
-
-def _engine(source: Store | sa.Engine) -> sa.Engine:
-    return source.engine if isinstance(source, Store) else source
+    return quantity_text(value) if isinstance(value, Decimal) else value
 
 
 def _frame(records: list[tuple[Any, ...]], columns: list[str]) -> pd.DataFrame:

@@ -13,7 +13,7 @@ import numpy as np
 
 from billing import client
 from billing.sample import generate, sample_price_book_bytes, sample_tax_table_bytes
-from initiator.ledger_filter import SharedFilter
+from initiator.id_filter import SharedFilter
 from initiator.service import Initiator
 from shared.messaging.envelope import ClaimCheck
 from shared.messaging.storage import Storage
@@ -79,9 +79,9 @@ async def test_an_initiator_reads_the_stored_filter_as_it_starts_and_once(
     running = asyncio.create_task(initiator.run())
     try:
         async with asyncio.timeout(30):
-            await wait_until_async(lambda: initiator.ledger.serial == 1)  # no batch asked for it
+            await wait_until_async(lambda: initiator.id_filter.serial == 1)  # no batch asked for it
         downloads = storage.counter.counts["blob.get"]
-        both = await asyncio.gather(initiator.ledger.load(), initiator.ledger.load())
+        both = await asyncio.gather(initiator.id_filter.load(), initiator.id_filter.load())
         assert both[0] is both[1] and both[0].might_contain(_hashes(6)).all()
         assert storage.counter.counts["blob.get"] == downloads  # current: not read again
     finally:

@@ -9,7 +9,7 @@ across batches").
   inserts stay in one part of the index however large the ledger), sorted by hash, under the batch's key
   (``id_key``, given then: its seq comes only with its manifest). A batch completes once all its parts are
   recorded; then the ids it did not count are deleted (:func:`forget_uncounted`); a void or a refusal deletes
-  all of them (:mod:`store.ledger`, :func:`release`).
+  all of them (:mod:`store.ledger.numbers`, :func:`release`).
 - **Who is checked.** The initiator marks the first occurrences the id filter may hold; they are held and
   decided here, exactly, against every earlier batch (:func:`decide`): an id counted in a complete earlier
   batch is taken; one in an earlier batch still running makes this batch wait for it.
@@ -33,10 +33,10 @@ from sqlalchemy.dialects import postgresql, sqlite
 from shared.messages import IdsPart
 from shared.rules.duplicates import id_hashes
 
-from .batches import SETTLED, BatchState
-from .items import CHUNK, chunks
-from .ledger import take_numbers
-from .schema import batches, counters, held, ledger_id_parts, ledger_ids, rejects
+from ..batches import SETTLED, BatchRow, BatchState
+from ..engine import CHUNK, chunks
+from ..schema import batches, counters, held, ledger_id_parts, ledger_ids, rejects
+from .numbers import take_numbers
 
 #: An id as the ledger finds it: its hash and its text.
 IdKey = tuple[int, str]
@@ -80,7 +80,7 @@ class Verdict:
     taken: set[int] = field(default_factory=set)
 
 
-def record_parts(conn: sa.Connection, rows: Mapping[str, dict[str, Any]], parts: Iterable[IdsPart]) -> None:
+def record_parts(conn: sa.Connection, rows: Mapping[str, BatchRow], parts: Iterable[IdsPart]) -> None:
     """Record the ids parts not recorded before, of batches still running (those of a settled or refused batch
     are spent: its ids are decided)."""
     for part in parts:
@@ -93,18 +93,20 @@ def record_parts(conn: sa.Connection, rows: Mapping[str, dict[str, Any]], parts:
             row["id_parts_recorded"] += 1
 
 
-def record_ids(conn: sa.Connection, row: dict[str, Any], ids: pa.Table | None) -> None:
+def record_ids(conn: sa.Connection, row: BatchRow, ids: pa.Table | None) -> None:
     """Record ids (``IDS_SCHEMA``) of batch ``row`` in hash order, in its segment under its key (both given to the
     batch with its first ids)."""
     if ids is None or not ids.num_rows:
         return
-    if row["id_key"] is None:
-        row["id_key"] = take_numbers(conn, ID_KEYS, 1)
+    key = row["id_key"]
+    if key is None:
+        key = row["id_key"] = take_numbers(conn, ID_KEYS, 1)
     counted = take_numbers(conn, IDS, ids.num_rows)
-    if row["id_segment"] is None:
-        row["id_segment"] = (counted - 1) // SEGMENT_ROWS
+    segment = row["id_segment"]
+    if segment is None:
+        segment = row["id_segment"] = (counted - 1) // SEGMENT_ROWS
     texts = ids["transaction_id"].to_numpy(zero_copy_only=False)  # Python strings, hashed and bound
-    insert_ids(conn, row["id_segment"], row["id_key"], id_hashes(texts), ids["row"].to_numpy(), texts)
+    insert_ids(conn, segment, key, id_hashes(texts), ids["row"].to_numpy(), texts)
 
 
 def insert_ids(
@@ -155,12 +157,11 @@ def _sqlite_insert_sql(segment: int, key: int, ids: int) -> str:
 
 
 def decide(
-    conn: sa.Connection, row: Mapping[str, Any], firsts: Mapping[int, IdKey], settled: Mapping[int, str]
+    conn: sa.Connection, row: BatchRow, seq: int, firsts: Mapping[int, IdKey], settled: Mapping[int, str]
 ) -> Verdict:
-    """The ledger's verdict on batch ``row`` (its ``seq`` set), whose held rows repeat the first occurrences
+    """The ledger's verdict on batch ``row`` (numbered ``seq``), whose held rows repeat the first occurrences
     ``firsts`` (their ids, as held rows tell them); ``settled`` maps the seq of batches settled earlier in this
     transaction to their new state."""
-    seq = row["seq"]
     unfiltered = _unfiltered(conn, row)
     hits = _earlier_rows(conn, seq, firsts)
 
@@ -180,7 +181,7 @@ def decide(
     return Verdict(taken={hit.row for hit in hits if state(hit) == BatchState.complete})
 
 
-def forget_uncounted(conn: sa.Connection, row: Mapping[str, Any], kept: Iterable[int]) -> None:
+def forget_uncounted(conn: sa.Connection, row: BatchRow, kept: Iterable[int]) -> None:
     """Delete the ids batch ``row`` did not count: those of its rejected first occurrences (each rejected row tells
     its id's hash where it is one) but the ``kept``, whose id a held row counts. Each is deleted by its whole key."""
     if row["id_key"] is None:
@@ -198,7 +199,7 @@ def forget_uncounted(conn: sa.Connection, row: Mapping[str, Any], kept: Iterable
         conn.execute(_DELETE_ID, keys)
 
 
-def release(conn: sa.Connection, row: Mapping[str, Any]) -> None:
+def release(conn: sa.Connection, row: BatchRow) -> None:
     """Delete every id of batch ``row`` (refused, or voided): later batches may count them."""
     conn.execute(sa.delete(ledger_ids).where(*_of_batch(ledger_ids, row["id_segment"], row["id_key"])))
 
@@ -221,7 +222,7 @@ class _Hit:
     key: int | None = None
 
 
-def _unfiltered(conn: sa.Connection, row: Mapping[str, Any]) -> list[_Hit]:
+def _unfiltered(conn: sa.Connection, row: BatchRow) -> list[_Hit]:
     """Earlier batches, not voided, complete or running, whose ids the filter did not hold when ``row``'s
     batch was marked (all earlier batches with ids, when no filter was used)."""
     query = sa.select(batches.c.batch_id, batches.c.seq, batches.c.state, batches.c.id_segment, batches.c.id_key).where(
@@ -236,7 +237,7 @@ def _unfiltered(conn: sa.Connection, row: Mapping[str, Any]) -> list[_Hit]:
     return [_Hit(r.batch_id, r.seq, r.state, segment=r.id_segment, key=r.id_key) for r in conn.execute(query)]
 
 
-def _marked(conn: sa.Connection, row: Mapping[str, Any]) -> set[int]:
+def _marked(conn: sa.Connection, row: BatchRow) -> set[int]:
     """The rows of ``row``'s batch the filter marked (held as repeats of themselves): checked here, exactly. A
     first occurrence that only a later row of its batch repeats was counted unchecked."""
     query = sa.select(held.c.row).where(held.c.batch_id == row["batch_id"], held.c.row == held.c.repeat_of)
@@ -283,7 +284,7 @@ def _probed(conn: sa.Connection, segments: list[int], hashes: list[int]) -> sa.C
     return conn.execute(sa.select(*columns).where(ledger_ids.c.segment.in_(segments), ledger_ids.c.id_hash.in_(hashes)))
 
 
-def _shared_rows(conn: sa.Connection, row: Mapping[str, Any], other: _Hit) -> set[int]:
+def _shared_rows(conn: sa.Connection, row: BatchRow, other: _Hit) -> set[int]:
     """Rows of batch ``row`` whose id batch ``other`` holds too. Each batch's ids are read on their own, in passes
     over its segment, hashes first: joined, PostgreSQL with statistics older than their segment scanned the
     segment once per id."""

@@ -1,4 +1,4 @@
-"""The ledger across batches: sequence numbers in acceptance order, and voided batches.
+"""Batch sequence numbers and voids.
 
 - **Sequence numbers.** A batch is numbered from the gap-free counter ``batch_seq`` (table ``counters``): 1, 2, 3,
   … in the order the initiators merged the batches' ids into the id filter (each merge has the filter's next
@@ -9,38 +9,29 @@
   one after the other (PostgreSQL's row lock; SQLite's ``BEGIN IMMEDIATE``) and a rolled back one gives its
   numbers back.
 - **Voiding** (:func:`void`): a ``complete`` batch is marked voided and its transaction ids are released for
-  later batches (:mod:`store.ids`). Its aggregates stay stored, but it counts nowhere any more
+  later batches (:mod:`store.ledger.ids`). Its aggregates stay stored, but it counts nowhere any more
   (:mod:`store.queries` leaves it out of every report, query and invoice). An unknown,
   incomplete or already voided batch is refused with :class:`LedgerError` and nothing changes.
-- **Late rows** (:func:`record_late`): a counted row is late when its period had been closed (table
-  ``closed_periods``, :func:`mark_closed`) before its batch completed; they are counted per batch and period
-  in the transaction that completes the batch (table ``late_rows``) and billed by the period's next close. A
-  completion and a close never interleave: on PostgreSQL the completion holds the closes' advisory lock
-  shared, so it sees every close committed before it and a close sees every completion committed before it
-  (SQLite's ``BEGIN IMMEDIATE`` serialises them anyway).
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from datetime import UTC, datetime
-from typing import Any
 
 import sqlalchemy as sa
 
 from shared.errors import InputError
 
-from .batches import BatchState, BatchStatus, status
-from .engine import index_plans, writing
-from .schema import aggregates, batches, closed_periods, counters, late_rows, ledger_ids
+from ..batches import BatchRow, BatchState, BatchStatus, status
+from ..engine import index_plans, writing
+from ..schema import batches, counters, ledger_ids
+from .periods import late
 
 #: The counter of batch sequence numbers.
 BATCH_SEQ = "batch_seq"
 #: The counter of merges numbered: every batch whose merge serial is at most it has its sequence number.
 BATCH_MERGES = "batch_merges"
-#: PostgreSQL advisory lock key of closes ("ledg"): exclusive in a close, shared in a batch's completion.
-CLOSE_LOCK = 0x6C656467
 
 
 class LedgerError(InputError):
@@ -63,7 +54,7 @@ def take_numbers(conn: sa.Connection, counter: str, count: int) -> int:
     return int(last) - count + 1
 
 
-def number_batches(conn: sa.Connection, rows: Iterable[dict[str, Any]]) -> None:
+def number_batches(conn: sa.Connection, rows: Iterable[BatchRow]) -> None:
     """Give the batch rows that can be numbered now (accepted: manifest recorded, not refused; no seq yet) the next
     sequence numbers: those cut without the id filter at once, in acceptance order (then by id); the others in the
     order of their merges, each only once every earlier merge is numbered (:data:`BATCH_MERGES`)."""
@@ -73,19 +64,23 @@ def number_batches(conn: sa.Connection, rows: Iterable[dict[str, Any]]) -> None:
         (row for row in waiting if row["id_serial"] is None),
         key=lambda row: (row["accepted_at"] is None, row["accepted_at"] or 0, row["batch_id"]),
     )
-    merged = sorted((row for row in waiting if row["id_serial"] is not None), key=lambda row: row["id_serial"])
+    merged = sorted(((serial, row) for row in waiting if (serial := row["id_serial"]) is not None), key=_first)
     if merged:
-        done = _merges_numbered(conn, merged[0]["id_serial"])
-        for row in merged:
-            if row["id_serial"] > done + 1:
+        done = _merges_numbered(conn, merged[0][0])
+        for serial, row in merged:
+            if serial > done + 1:
                 break  # an earlier merge's manifest has not come yet
             numbered.append(row)
-            done = max(done, row["id_serial"])
+            done = max(done, serial)
         conn.execute(sa.update(counters).where(counters.c.name == BATCH_MERGES).values(value=done))
     if numbered:
         first = take_numbers(conn, BATCH_SEQ, len(numbered))
         for offset, row in enumerate(numbered):
             row["seq"] = first + offset
+
+
+def _first(serial_row: tuple[int, BatchRow]) -> int:
+    return serial_row[0]
 
 
 def _merges_numbered(conn: sa.Connection, first: int) -> int:
@@ -129,48 +124,6 @@ def void(engine: sa.Engine, batch_id: str, *, now: datetime | None = None) -> Ba
             raise LedgerError(f"batch {batch_id} is {row['state']}, not complete: only a complete batch can be voided")
         conn.execute(sa.update(batches).where(batches.c.batch_id == batch_id).values(voided_at=now))
         released = sa.delete(ledger_ids).where(ledger_ids.c.segment == row["id_segment"])
-        conn.execute(released.where(ledger_ids.c.batch_key == row["id_key"]))  # its ids (store.ids)
+        conn.execute(released.where(ledger_ids.c.batch_key == row["id_key"]))  # its ids (store.ledger.ids)
         row = conn.execute(sa.select(batches).where(batches.c.batch_id == batch_id)).mappings().one()
         return status(row, late(conn, [batch_id]).get(batch_id))
-
-
-def mark_closed(conn: sa.Connection, period: str, now: datetime) -> None:
-    """Record that ``period`` is closed (from its first close on), in the closing transaction."""
-    known = sa.select(closed_periods.c.period).where(closed_periods.c.period == period)
-    if conn.execute(known).first() is None:
-        conn.execute(sa.insert(closed_periods).values(period=period, closed_at=now))
-
-
-def record_late(conn: sa.Connection, completed: Sequence[str]) -> None:
-    """Record the late rows of the batches completing in this transaction (their aggregates written): per
-    period closed by now, the batch's counted rows of it."""
-    if not completed:
-        return
-    if conn.dialect.name == "postgresql":
-        conn.execute(sa.select(sa.func.pg_advisory_xact_lock_shared(CLOSE_LOCK)))
-    closed = set(conn.execute(sa.select(closed_periods.c.period)).scalars())
-    if not closed:
-        return
-    per_day = (
-        sa.select(aggregates.c.batch_id, aggregates.c.billing_day, sa.func.sum(aggregates.c.transactions))
-        .where(aggregates.c.batch_id.in_(sorted(completed)))
-        .group_by(aggregates.c.batch_id, aggregates.c.billing_day)
-    )
-    late: dict[tuple[str, str], int] = defaultdict(int)
-    for batch_id, day, transactions in conn.execute(per_day):
-        if (period := day.strftime("%Y-%m")) in closed:
-            late[batch_id, period] += int(transactions)
-    rows = [{"batch_id": b, "period": p, "rows": n} for (b, p), n in sorted(late.items()) if n]
-    if rows:
-        conn.execute(sa.insert(late_rows), rows)
-
-
-def late(conn: sa.Connection, batch_ids: Sequence[str] | None = None) -> dict[str, dict[str, int]]:
-    """The late rows of batches (None: of every batch), per batch and period; batches without any left out."""
-    query = sa.select(late_rows).order_by(late_rows.c.batch_id, late_rows.c.period)
-    if batch_ids is not None:
-        query = query.where(late_rows.c.batch_id.in_(sorted(batch_ids)))
-    found: dict[str, dict[str, int]] = defaultdict(dict)
-    for row in conn.execute(query):
-        found[row.batch_id][row.period] = int(row.rows)
-    return dict(found)

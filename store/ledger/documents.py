@@ -7,10 +7,10 @@ currency)`` and product, is what the close issues. Each pair with a non-zero cha
 ``invoice`` the first time the pair is documented for the period, an ``adjustment`` (signed: negative where
 usage went away, e.g. a batch voided) after that; a line per product whose change is not zero, naming the
 batches whose rows changed it. Documents are numbered 1, 2, 3, … across the whole ledger from the gap-free
-counter ``document_number`` (:func:`store.ledger.take_numbers`), within one close in ``(account_id,
+counter ``document_number`` (:func:`store.ledger.numbers.take_numbers`), within one close in ``(account_id,
 currency)`` order by code point. Closes are serialised: a PostgreSQL advisory lock held to the end of the
 transaction, ``BEGIN IMMEDIATE`` on SQLite. Nothing ever updates or deletes a document. A close records its period
-as closed (:func:`store.ledger.mark_closed`): rows of it counted later are late.
+as closed (:func:`store.ledger.periods.mark_closed`): rows of it counted later are late.
 """
 
 from __future__ import annotations
@@ -27,13 +27,13 @@ from typing import Any, Literal
 
 import sqlalchemy as sa
 
-from . import schema
-from .batches import BatchState
-from .engine import writing
-from .items import CHUNK, chunks
-from .ledger import CLOSE_LOCK, LedgerError, mark_closed, take_numbers
-from .queries import PERIOD_PATTERN
-from .schema import EXACT, aggregates, batches, document_batches, document_lines
+from .. import schema
+from ..batches import BatchState
+from ..engine import CHUNK, chunks, writing
+from ..queries import PERIOD_PATTERN
+from ..schema import EXACT, aggregates, batches, document_batches, document_lines
+from .numbers import LedgerError, take_numbers
+from .periods import CLOSE_LOCK, mark_closed
 
 Kind = Literal["invoice", "adjustment"]
 KINDS: tuple[Kind, ...] = ("invoice", "adjustment")

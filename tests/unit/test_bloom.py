@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from shared.rules.idfilter import IdFilter
+from shared.rules.bloom import IdFilter
 
 
 def _hashes(seed: int, n: int) -> np.ndarray:
