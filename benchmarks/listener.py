@@ -35,8 +35,9 @@ from rich.table import Table
 
 from shared.localstack import AzuriteStack
 from shared.messaging.envelope import ClaimCheck
-from shared.messaging.listener import ListenerSettings, QueueListener
+from shared.messaging.listener import QueueListener
 from shared.messaging.poison import PoisonQueue
+from shared.messaging.scaling import ListenerSettings
 from shared.messaging.storage import Storage
 from shared.messaging.triggers import TriggerBus, trigger_bus
 from shared.settings import Settings

@@ -111,35 +111,7 @@ class AzuriteStack:
             if not AZURITE_BIN.exists():
                 raise StackError(f"Azurite is not installed ({AZURITE_BIN} is missing): run `npm ci` in {ROOT}")
             blob, queue, table = self._ports()
-            args = [
-                str(AZURITE_BIN),
-                "--blobHost",
-                self.host,
-                "--blobPort",
-                str(blob),
-                "--queueHost",
-                self.host,
-                "--queuePort",
-                str(queue),
-                "--tableHost",
-                self.host,
-                "--tablePort",
-                str(table),
-                "--skipApiVersionCheck",
-                "--loose",
-                "--silent",
-                "--disableTelemetry",
-            ]
-            if self.persist:
-                data = self.home / "azurite"
-                data.mkdir(parents=True, exist_ok=True)
-                args += ["--location", str(data)]
-            else:
-                args.append("--inMemoryPersistence")
-            if self.debug_log is not None:
-                args += ["--debug", str(self.debug_log)]
-            if self.https is not None:
-                args += ["--cert", str(self.https[0]), "--key", str(self.https[1]), "--oauth", "basic"]
+            args = self._command(blob, queue, table)
             with self.log_file.open("ab") as log:
                 log_offset = log.tell()
                 self._proc = subprocess.Popen(
@@ -163,6 +135,39 @@ class AzuriteStack:
             )
             self._wait_ready(self._proc.pid, (blob, queue), log_offset)
             return connection
+
+    def _command(self, blob: int, queue: int, table: int) -> list[str]:
+        """Azurite's command line for these ports and this stack's options."""
+        args = [
+            str(AZURITE_BIN),
+            "--blobHost",
+            self.host,
+            "--blobPort",
+            str(blob),
+            "--queueHost",
+            self.host,
+            "--queuePort",
+            str(queue),
+            "--tableHost",
+            self.host,
+            "--tablePort",
+            str(table),
+            "--skipApiVersionCheck",
+            "--loose",
+            "--silent",
+            "--disableTelemetry",
+        ]
+        if self.persist:
+            data = self.home / "azurite"
+            data.mkdir(parents=True, exist_ok=True)
+            args += ["--location", str(data)]
+        else:
+            args.append("--inMemoryPersistence")
+        if self.debug_log is not None:
+            args += ["--debug", str(self.debug_log)]
+        if self.https is not None:
+            args += ["--cert", str(self.https[0]), "--key", str(self.https[1]), "--oauth", "basic"]
+        return args
 
     def stop(self) -> None:
         """Stop Azurite (SIGTERM to its process group, SIGKILL after 10 s) and forget it; idempotent."""

@@ -20,8 +20,9 @@ from prometheus_client import CollectorRegistry
 from ..errors import ConfigurationError
 from ..settings import Settings
 from .capacity import Capacity
-from .listener import SCALE_RULES, Handler, QueueListener, listener_settings
+from .listener import Handler, QueueListener
 from .poison import PoisonQueue
+from .scaling import SCALE_RULES, listener_settings
 from .storage import Storage
 from .triggers import TriggerBus, TriggerEvent
 
@@ -71,7 +72,7 @@ class Service:
         **overrides: Any,
     ) -> QueueListener:
         """Add a listener on ``queue``, one of the role's ``queues`` listeners (see
-        :func:`~shared.messaging.listener.listener_settings`); ``overrides`` adjust its settings. A
+        :func:`~shared.messaging.scaling.listener_settings`); ``overrides`` adjust its settings. A
         queue of another account (``storage``) is polled: triggers only name the primary's queues.
         Listeners given one ``capacity`` hold no more messages, together, than it has slots."""
         push = self.triggers is not None and storage is None

@@ -10,7 +10,8 @@ from collections.abc import Callable, Mapping
 
 from azure.storage.queue import QueueMessage
 
-from shared.messaging.listener import (
+from shared.messaging.poison import poison_queue_name
+from shared.messaging.scaling import (
     SCALE_RULES,
     ListenerSettings,
     Load,
@@ -19,7 +20,6 @@ from shared.messaging.listener import (
     idle_delay,
     whitepaper_rule,
 )
-from shared.messaging.poison import poison_queue_name
 from shared.messaging.storage import Storage
 from shared.settings import Settings
 from support.listeners import listener_on

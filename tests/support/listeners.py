@@ -6,8 +6,9 @@ from typing import Any
 
 from shared.messaging.capacity import Capacity
 from shared.messaging.envelope import ClaimCheck
-from shared.messaging.listener import Handler, ListenerSettings, QueueListener
+from shared.messaging.listener import Handler, QueueListener
 from shared.messaging.poison import PoisonQueue
+from shared.messaging.scaling import ListenerSettings
 from shared.messaging.storage import Storage
 from shared.settings import Settings
 

@@ -14,8 +14,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from shared.errors import FileRefused
-from shared.rules import batchfile
-from shared.rules.batchfile import REQUIRED_COLUMNS, read_chunks
+from shared.rules.batchfile import REQUIRED_COLUMNS, csv_reader, read_chunks
 from support.batchfiles import RAW_SCHEMA, with_raw
 
 PLAIN = st.text(st.sampled_from("ab19 .:-\t\xe9\ufeff"), max_size=6)
@@ -158,7 +157,7 @@ def test_quoted_records_go_to_pyarrow(monkeypatch: pytest.MonkeyPatch, block_byt
         parsed.append(table.num_rows)
         return table
 
-    monkeypatch.setattr(batchfile.pacsv, "read_csv", read_csv)
+    monkeypatch.setattr(csv_reader.pacsv, "read_csv", read_csv)
     rows = [f'"t{i}","a ""{i}""",2026-03-02T09:15:00Z,p,{i},DE\r\n' for i in range(1, 301)]
     rows[100] = 't101,"a,\n1",2026-03-02T09:15:00Z,p,101,DE\n'
     data = ",".join(("transaction_id", *REQUIRED_COLUMNS[1:], "region")) + "\n" + "".join(rows)
