@@ -63,56 +63,16 @@ def cost_command(
     as_json: bool,
 ) -> None:
     """Project monthly cost from measured requests, and compute the whitepaper's idle example."""
-    if window is not None:
-        from shared.messaging.service import STATE_INTERVAL  # the roles' runtime: only for this measure
-
-        if window < 2 * STATE_INTERVAL:
-            raise click.BadParameter(
-                f"{window:g} s is shorter than two refreshes of the roles' state", param_hint="--window"
-            )
-    if window is not None or whitepaper:
-        rate_options = (
-            "from_bench",
-            "design",
-            "requests_per_1000",
-            "idle_requests_per_hour",
-            "servicebus_per_1000",
-            "daily_transactions",
-            "idle_hours",
-            "processors",
-            "whitepaper" if window is not None else "window",
-        )
-        given = [
-            name for name in rate_options if ctx.get_parameter_source(name) is not click.core.ParameterSource.DEFAULT
-        ]
-        if given:
-            mode = "--window" if window is not None else "--whitepaper"
-            raise click.UsageError(f"{mode} takes no {', '.join('--' + n.replace('_', '-') for n in given)}")
+    _check_modes(ctx, window, whitepaper)
     prices = cost.Prices.load(prices_file or cost.PRICES)
     result: dict[str, object] = {}
     if window is not None:
-        from shared.settings import Settings
-
-        settings = Settings()
-        measured = cost.measure_window(settings, window)
-        if not measured["roles"]:
-            raise click.ClickException(
-                f"no role ran under BILLING_HOME={settings.home} through the {window:g} s window"
-            )
-        result = {"measured": measured, "projection": cost.project(cost.window_workload(measured), prices)}
+        result = _measured(window, prices)
     elif not whitepaper:
         rates = cost.from_bench(from_bench, design) if from_bench else {}
-        rates.update(
-            {
-                k: v
-                for k, v in (
-                    ("requests_per_1000", requests_per_1000),
-                    ("idle_requests_per_hour", idle_requests_per_hour),
-                )
-                if v is not None
-            }
-        )
-        if missing := sorted({"requests_per_1000", "idle_requests_per_hour"} - set(rates)):
+        given = {"requests_per_1000": requests_per_1000, "idle_requests_per_hour": idle_requests_per_hour}
+        rates.update({k: v for k, v in given.items() if v is not None})
+        if missing := sorted(given.keys() - set(rates)):
             raise click.UsageError(
                 f"missing {', '.join('--' + m.replace('_', '-') for m in missing)}: give --from-bench, "
                 "--window, --whitepaper, or both --requests-per-1000 and --idle-requests-per-hour"
@@ -130,6 +90,45 @@ def cost_command(
         click.echo(json.dumps(result, indent=2))
     else:
         cost.print_result(result, Console())
+
+
+def _check_modes(ctx: click.Context, window: float | None, whitepaper: bool) -> None:
+    """Refuse a --window too short to measure, and rate options given with --window or --whitepaper."""
+    if window is not None:
+        from shared.messaging.service import STATE_INTERVAL  # the roles' runtime: only for this measure
+
+        if window < 2 * STATE_INTERVAL:
+            raise click.BadParameter(
+                f"{window:g} s is shorter than two refreshes of the roles' state", param_hint="--window"
+            )
+    if window is None and not whitepaper:
+        return
+    rate_options = (
+        "from_bench",
+        "design",
+        "requests_per_1000",
+        "idle_requests_per_hour",
+        "servicebus_per_1000",
+        "daily_transactions",
+        "idle_hours",
+        "processors",
+        "whitepaper" if window is not None else "window",
+    )
+    given = [name for name in rate_options if ctx.get_parameter_source(name) is not click.core.ParameterSource.DEFAULT]
+    if given:
+        mode = "--window" if window is not None else "--whitepaper"
+        raise click.UsageError(f"{mode} takes no {', '.join('--' + n.replace('_', '-') for n in given)}")
+
+
+def _measured(window: float, prices: cost.Prices) -> dict[str, object]:
+    """The requests the local roles make through ``window`` seconds, and their monthly projection."""
+    from shared.settings import Settings
+
+    settings = Settings()
+    measured = cost.measure_window(settings, window)
+    if not measured["roles"]:
+        raise click.ClickException(f"no role ran under BILLING_HOME={settings.home} through the {window:g} s window")
+    return {"measured": measured, "projection": cost.project(cost.window_workload(measured), prices)}
 
 
 COMMANDS: tuple[click.Command, ...] = (cost_command,)
