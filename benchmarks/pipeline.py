@@ -323,12 +323,12 @@ CLIENT = "client (billing submit)"
 #: The spans of a batch the bench reports the busy cores of: from the phase before to the phase after (None: the
 #: start of `billing submit`, or its exit).
 SPANS = (
-    ("client starts, checks and hashes the file", None, "accepted_at"),
-    ("client uploads it", "accepted_at", "uploaded_at"),
-    ("initiator takes it, cuts its first item", "uploaded_at", "first_item_sent_at"),
-    ("initiator cuts, processors rate", "first_item_sent_at", "last_item_sent_at"),
-    ("last items rated and recorded", "last_item_sent_at", "completed_at"),
-    ("completion committed, seen by --wait", "completed_at", None),
+    ("client checks, hashes", None, "accepted_at"),
+    ("client uploads", "accepted_at", "uploaded_at"),
+    ("first item cut", "uploaded_at", "first_item_sent_at"),
+    ("cut and rated", "first_item_sent_at", "last_item_sent_at"),
+    ("last items recorded", "last_item_sent_at", "completed_at"),
+    ("seen by --wait", "completed_at", None),
 )
 
 
@@ -654,11 +654,12 @@ def _busy(run: PipelineRun) -> Table:
     table.add_column("span")
     table.add_column("seconds", justify="right")
     for role in roles:
-        table.add_column(role, justify="right")
+        table.add_column("client" if role == CLIENT else role, justify="right")
     table.add_column("busiest")
     for span in run.busy:
         cores = span["cores"]
         busiest = max(cores, key=lambda role: cores[role]) if cores else ""
+        busiest = "client" if busiest == CLIENT else busiest
         seconds = f"{span['from']:.1f}–{span['to']:.1f}"
         table.add_row(span["span"], seconds, *(f"{cores.get(role, 0.0):.2f}" for role in roles), busiest)
     return table

@@ -21,7 +21,7 @@ from shared.messaging.envelope import peek_headers
 from shared.messaging.storage import Storage
 from shared.settings import Settings
 from store import BatchState, BatchStatus, Store
-from store.ledger import merges_numbered, unnumbered_batches
+from store.ledger.numbers import merges_numbered, unnumbered_batches
 from support.azurite import running_azurite
 from support.backlog import backlog
 from support.exact import assert_batch_exact, billing, billing_process, read_raw, report, status
