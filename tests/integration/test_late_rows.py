@@ -1,5 +1,5 @@
 """Late rows in the store, on SQLite and PostgreSQL: rows of a period closed before their batch completed are
-counted at once, named late per period in the batch's status, and billed by the period's next close as an
+counted at once, named late per period in the batch's status, and billed by the period's next close as a
 debit note; completions racing a close are late exactly when that close left them out."""
 
 from __future__ import annotations
