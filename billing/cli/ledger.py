@@ -107,13 +107,13 @@ def close(period: str, require_customers: bool, list_all: bool) -> None:
 
 
 def _period(period: str) -> str:
-    """``period`` if it is ``YYYY-MM``; a usage error (exit 2) else."""
+    """``period`` if it is ``YYYY-MM``; refused on one line (exit 2) else."""
     import re
 
-    from store import PERIOD_PATTERN
+    from store import PERIOD_PATTERN, LedgerError
 
     if not re.fullmatch(PERIOD_PATTERN, period):
-        raise click.BadParameter(f"{period!r} is not YYYY-MM", param_hint="--period")
+        raise LedgerError(f"billing period {period!r} is not YYYY-MM")
     return period
 
 

@@ -137,7 +137,7 @@ def test_a_pair_whose_change_is_money_free_gets_no_document_and_stays_settled(st
 def test_a_period_not_ended_is_refused_and_nothing_changes(store: Store, period: str, now: datetime) -> None:
     with_seller(store)
     complete(store, "b1", partial("acct-1", day=f"{period}-02"))
-    with pytest.raises(LedgerError, match="not ended|future") as refused:
+    with pytest.raises(LedgerError, match=r"not ended|future") as refused:
         store.close_period(period, now=now)
     assert "\n" not in str(refused.value)
     assert store.documents() == [] and not store.periods(period)[0].closed
