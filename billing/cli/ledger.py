@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import click
 
@@ -191,13 +191,13 @@ def documents_export(period: str | None, what: str, fmt: str, out: Path) -> None
     number, product, transactions, quantity, net, tax, total), money in integer minor units."""
     from shared.settings import Settings
 
-    from ..register import register, write_register
+    from ..register import Format, What, register, write_register
 
     checked = None if period is None else _period(period)
     with open_store(Settings()) as store:
         found = store.documents(period=checked)
-    table = register(found, what, fmt)  # type: ignore[arg-type]
-    write_register(table, fmt, out)  # type: ignore[arg-type]
+    table = register(found, cast("What", what), cast("Format", fmt))
+    write_register(table, cast("Format", fmt), out)
     click.echo(f"wrote {table.num_rows} {what[:-1]} record(s) to {out}")
 
 

@@ -191,7 +191,8 @@ def _differences(
     per_line: dict[tuple[str, str], dict[str, list[tuple[str, Sums]]]] = defaultdict(lambda: defaultdict(list))
     for (account_id, currency, product, batch_id), change in sorted(changes.items()):
         per_line[account_id, currency][product].append((batch_id, change))
-    differences, settled = [], {}
+    differences: list[Difference] = []
+    settled: dict[_Key, Sums] = {}
     for (account_id, currency), products in sorted(per_line.items()):
         lines = []
         for product, of_batches in sorted(products.items()):

@@ -290,7 +290,7 @@ def with_lines(conn: sa.Connection, heads: Sequence[sa.RowMapping]) -> list[Docu
     ]
 
 
-def _triple(row: Mapping[str, Any]) -> tuple[str, str, str]:
+def _triple(row: sa.RowMapping) -> tuple[str, str, str]:
     return (row["period"], row["account_id"], row["currency"])
 
 

@@ -16,7 +16,7 @@ currency and product the money of the period's documents' lines equal to a fresh
 from __future__ import annotations
 
 from collections import defaultdict
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any, ClassVar
 
@@ -148,7 +148,7 @@ class LedgerMachine(RuleBasedStateMachine):
             customer = self.customers.get(doc.account_id)
             assert doc.seller == self.seller.snapshot() and doc.display_number.startswith(self.seller.prefix)
             assert doc.customer == (customer.snapshot() if customer else None)
-            assert (doc.due_date - NOW.date()).days == self.seller.payment_terms_days  # type: ignore[operator]
+            assert doc.due_date == NOW.date() + timedelta(days=self.seller.payment_terms_days)
         event("close", ",".join(sorted({d.kind for d in issued})) or "nothing issued")
         assert _money(_line_sums(self.store.documents(period=period))) == _money(self._fresh(period))
 
