@@ -199,6 +199,15 @@ def raw_chunk(rows: list[dict[str, str | None]], first_row: int = 1) -> pa.Table
 # -- Part 2: periods closed into documents -------------------------------------------------------------------------
 
 MEASURES = ("transactions", "quantity", "net", "tax", "total")
+#: The keys of a document (or pending difference) the model computes; :func:`as_model` keeps only those.
+DOCUMENT_KEYS = ("number", "kind", "period", "account_id", "currency", "net", "tax", "total", "corrects", "lines")
+
+
+def as_model(docs: list[dict[str, Any]], *, numbered: bool = True) -> list[dict[str, Any]]:
+    """Documents' JSON as the model has them: only :data:`DOCUMENT_KEYS` (no ``number`` unless ``numbered``:
+    pending differences have none)."""
+    keys = [k for k in DOCUMENT_KEYS if numbered or k != "number"]
+    return [{k: d[k] for k in keys if k in d} for d in docs]
 
 
 @dataclass
@@ -242,7 +251,9 @@ class Ledger:
         self.voided.add(batch_id)
 
     def close(self, period: str) -> list[dict[str, object]]:
-        """The documents the close of ``period`` issues (JSON shape, without ``issued_at`` and the hashes)."""
+        """The documents the close of ``period`` issues (JSON shape, only the keys of :data:`DOCUMENT_KEYS`): an
+        ``invoice`` first for a pair, then a ``credit_note`` (total below zero) or ``debit_note`` that ``corrects``
+        the pair's earlier documents; a pair whose every line is at net 0 and tax 0 gets none."""
         self.closed.add(period)
         billed: dict[tuple[str, ...], list[Decimal]] = {}
         for batch_id, rated in self.rated.items():
@@ -267,7 +278,6 @@ class Ledger:
             for i, value in enumerate(change):
                 line[i] += value
         issued: list[dict[str, object]] = []
-        pairs_before = {(d["account_id"], d["currency"]) for d in self.documents if d["period"] == period}
         for account, currency in sorted(lines):
             products = {p: s for p, s in lines[account, currency].items() if any(s)}
             if not products:
@@ -286,14 +296,23 @@ class Ledger:
                     {"product": product, "transactions": int(s[0]), "quantity": quantity}
                     | {"net": int(s[2]), "tax": int(s[3]), "total": int(s[4]), "batches": of_line}
                 )
+            if all(line["net"] == 0 and line["tax"] == 0 for line in doc_lines):
+                continue  # no zero documents: the change is settled (documented above) all the same
+            earlier = [
+                d["number"]
+                for d in self.documents
+                if (d["period"], d["account_id"], d["currency"]) == (period, account, currency)
+            ]
+            total = sum(line["total"] for line in doc_lines)
             issued.append(
                 {
                     "number": len(self.documents) + len(issued) + 1,
-                    "kind": "adjustment" if (account, currency) in pairs_before else "invoice",
+                    "kind": "invoice" if not earlier else "credit_note" if total < 0 else "debit_note",
                     "period": period,
                     "account_id": account,
                     "currency": currency,
                     **{m: sum(line[m] for line in doc_lines) for m in ("net", "tax", "total")},
+                    "corrects": earlier,
                     "lines": doc_lines,
                 }
             )

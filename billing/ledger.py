@@ -35,6 +35,29 @@ def closing_message(period: str, issued: list[Document]) -> str:
     return f"period {period}: issued {len(issued)} document(s), numbers {issued[0].number} to {issued[-1].number}"
 
 
+def close_summary(period: str, issued: list[Document]) -> list[str]:
+    """What ``billing close`` prints: what it issued, the documents per kind, net, tax and total per currency (in
+    its units), and how many accounts had no customer record."""
+    from collections import Counter
+
+    from shared.rules.reference import money
+    from store import KINDS
+
+    lines = [closing_message(period, issued)]
+    if not issued:
+        return lines
+    kinds = Counter(doc.kind for doc in issued)
+    lines.append("documents: " + ", ".join(f"{kinds[k]} {k.replace('_', ' ')}(s)" for k in KINDS if kinds[k]))
+    for currency in sorted({doc.currency for doc in issued}):
+        of_currency = [doc for doc in issued if doc.currency == currency]
+        sums = {m: money(sum(getattr(doc, m) for doc in of_currency), currency) for m in ("net", "tax", "total")}
+        lines.append(f"net {sums['net']}  tax {sums['tax']}  total {sums['total']}")
+    without = sorted({doc.account_id for doc in issued if doc.customer is None})
+    named = f" ({', '.join(without[:5])}{', …' if len(without) > 5 else ''})" if without else ""
+    lines.append(f"accounts without a customer record: {len(without)}{named}")
+    return lines
+
+
 def pending_report(store: Store, period: str, accounts: tuple[str, ...], currencies: tuple[str, ...]) -> list[str]:
     """What ``billing report invoices --period P`` says of the period's documents: open; or closed, and what its
     next close would issue (the pending difference) for the accounts and currencies asked for (empty: any)."""

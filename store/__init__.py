@@ -8,7 +8,7 @@ all through :class:`Store` and the types named here (no caller imports a module 
 - :mod:`store.items`, :mod:`store.partials`, :mod:`store.fold`: work items, rejects and held rows; each work
   item's partial aggregates, and the exact Arrow arithmetic that folds them when a batch settles;
 - :mod:`store.recording`: recording results, in one transaction each;
-- :mod:`store.ledger`: what is kept across batches (ids, numbers and voids, periods, documents);
+- :mod:`store.ledger`: what is kept across batches (ids, numbers and voids, periods, parties, documents);
 - :mod:`store.queries`: reads across batches;
 - :mod:`store.core`: :class:`Store`, the face of all of it.
 """
@@ -18,6 +18,7 @@ from .core import Store
 from .engine import ENTRA_POSTGRES_SCOPE, Patience
 from .ledger.documents import KINDS, Difference, Document, Line, Period, quantity_text
 from .ledger.numbers import AlreadyVoided, LedgerError
+from .ledger.parties import Customer, Imported, Seller
 from .migrate import MIGRATIONS, SCHEMA_REVISION
 from .queries import DIMENSIONS, MONEY_COLUMNS, PERIOD_PATTERN, BatchRef, Dimension, Filters, Result
 
@@ -35,15 +36,18 @@ __all__ = [
     "BatchRef",
     "BatchState",
     "BatchStatus",
+    "Customer",
     "Difference",
     "Dimension",
     "Document",
     "Filters",
+    "Imported",
     "LedgerError",
     "Line",
     "Patience",
     "Period",
     "Result",
+    "Seller",
     "Store",
     "quantity_text",
 ]

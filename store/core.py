@@ -14,7 +14,7 @@ from . import migrate as migrations
 from . import queries
 from .batches import ApplyOutcome, BatchState, BatchStatus, accounted, stalled, status, waiting_batches
 from .engine import Patience, open_engine, writing
-from .ledger import documents, numbers
+from .ledger import closing, documents, numbers, parties
 from .ledger.numbers import merges_numbered
 from .ledger.periods import late
 from .schema import batches
@@ -25,6 +25,7 @@ if TYPE_CHECKING:  # in annotations only: the store runs without the Azure SDK, 
     from shared.messages import IdsPart, Manifest, PoisonNotice, WorkItemResult
 
     from .ledger.documents import Difference, Document, Period
+    from .ledger.parties import Customer, Imported, Seller
     from .queries import Dimension, Filters, Result
 
 
@@ -133,10 +134,13 @@ class Store:
 
     # -- the ledger ----------------------------------------------------------------------------------
 
-    def close_period(self, period: str, *, now: datetime | None = None) -> list[Document]:
-        """Close ``period`` (``YYYY-MM``): its documents issued in one transaction (:mod:`store.ledger.documents`);
-        :class:`~store.LedgerError` for a period that cannot be closed."""
-        return documents.close(self._engine, period, now=now)
+    def close_period(
+        self, period: str, *, now: datetime | None = None, require_customers: bool = False
+    ) -> list[Document]:
+        """Close ``period`` (``YYYY-MM``, ended): its documents issued in one transaction (:mod:`store.ledger.closing`);
+        :class:`~store.LedgerError` for a period that cannot be closed, no seller registered, or (with
+        ``require_customers``) an account to document without a customer record."""
+        return closing.close(self._engine, period, now=now, require_customers=require_customers)
 
     def void(self, batch_id: str, *, now: datetime | None = None) -> BatchStatus:
         """Void a complete batch (:func:`store.ledger.numbers.void`); its status after."""
@@ -144,11 +148,11 @@ class Store:
 
     def pending(self, period: str) -> list[Difference]:
         """What closing ``period`` now would issue; nothing is written."""
-        return documents.pending(self._engine, period)
+        return closing.pending(self._engine, period)
 
     def periods(self, only: str | None = None) -> list[Period]:
         """Every period with billed rows or documents, newest first (or only ``only``)."""
-        return documents.periods(self._engine, only)
+        return closing.periods(self._engine, only)
 
     def documents(
         self,
@@ -165,6 +169,28 @@ class Store:
     def document(self, number: int) -> Document | None:
         """The document numbered ``number``, if issued."""
         return documents.document(self._engine, number)
+
+    # -- the parties ---------------------------------------------------------------------------------
+
+    def set_seller(self, seller: Seller, *, now: datetime | None = None) -> Seller:
+        """Register ``seller`` as the seller's newest version (:mod:`store.ledger.parties`); the version stored."""
+        return parties.set_seller(self._engine, seller, now=now)
+
+    def seller(self) -> Seller | None:
+        """The seller in force, None before one is registered."""
+        return parties.seller(self._engine)
+
+    def import_customers(self, customers: Sequence[Customer], *, now: datetime | None = None) -> Imported:
+        """Upsert customers by account id, all or nothing: a new version for each new or changed one."""
+        return parties.import_customers(self._engine, customers, now=now)
+
+    def customers(self) -> list[Customer]:
+        """Every customer in force, by account id."""
+        return parties.customers(self._engine)
+
+    def customer(self, account_id: str) -> Customer | None:
+        """The customer in force for ``account_id``, if any."""
+        return parties.customer(self._engine, account_id)
 
     # -- reads ----------------------------------------------------------------------------------------
 

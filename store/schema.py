@@ -174,6 +174,40 @@ documents = sa.Table(
     sa.Column("total", money_type(), nullable=False),
     sa.Column("pricebooks", sa.Text, nullable=False),
     sa.Column("tax_tables", sa.Text, nullable=False),
+    # Part 3 (migration 0015; nullable: documents issued before it have no snapshots and no due date).
+    sa.Column("display_number", sa.String(48), nullable=True),
+    sa.Column("corrects", sa.Text, nullable=True),  # the earlier documents of its triple, space-separated
+    sa.Column("due_date", sa.Date, nullable=True),
+    sa.Column("seller", sa.Text, nullable=True),  # the seller's snapshot as JSON
+    sa.Column("customer", sa.Text, nullable=True),  # the customer's snapshot as JSON (null: no record)
+)
+
+#: The seller's versions (store.ledger.parties): every ``billing seller set`` adds one; the newest is in force.
+sellers = sa.Table(
+    "sellers",
+    metadata,
+    sa.Column("version", sa.BigInteger, primary_key=True, autoincrement=False),
+    sa.Column("name", sa.String(255), nullable=False),
+    sa.Column("address", sa.Text, nullable=False),
+    sa.Column("country", sa.String(2), nullable=False),
+    sa.Column("tax_id", sa.String(64), nullable=False),
+    sa.Column("payment_terms_days", sa.Integer, nullable=False),
+    sa.Column("prefix", sa.String(16), nullable=False),
+    sa.Column("set_at", UTCDateTime(), nullable=False),
+)
+
+#: The customers' versions (store.ledger.parties): an import adds a version for each new or changed customer.
+customers = sa.Table(
+    "customers",
+    metadata,
+    sa.Column("account_id", sa.String(64), primary_key=True),
+    sa.Column("version", sa.BigInteger, primary_key=True, autoincrement=False),
+    sa.Column("name", sa.String(255), nullable=False),
+    sa.Column("address", sa.Text, nullable=False),
+    sa.Column("country", sa.String(2), nullable=False),
+    sa.Column("tax_id", sa.String(64), nullable=True),
+    sa.Column("email", sa.String(254), nullable=True),
+    sa.Column("set_at", UTCDateTime(), nullable=False),
 )
 
 #: A document's lines: the change of one product's sums.
@@ -190,6 +224,18 @@ document_batches = sa.Table(
     "document_batches",
     metadata,
     sa.Column("number", sa.BigInteger, primary_key=True, autoincrement=False),
+    sa.Column("product", sa.String(255), primary_key=True),
+    sa.Column("batch_id", sa.String(255), primary_key=True),
+    *_measures(),
+)
+
+#: Changes a close settled without a document (every line of their pair at net 0 and tax 0): documented all the same.
+settled_changes = sa.Table(
+    "settled_changes",
+    metadata,
+    sa.Column("period", sa.String(7), primary_key=True),
+    sa.Column("account_id", sa.String(64), primary_key=True),
+    sa.Column("currency", sa.String(3), primary_key=True),
     sa.Column("product", sa.String(255), primary_key=True),
     sa.Column("batch_id", sa.String(255), primary_key=True),
     *_measures(),

@@ -1,8 +1,8 @@
 """``billing``: the command line over the pipeline (thin: parse, then delegate).
 
 The root group lives here; each module beside it holds one group of commands: :mod:`.stack` (the local stack,
-the roles, the server, the demo), :mod:`.batches`, :mod:`.reports`, :mod:`.poison`, :mod:`.cost` and
-:mod:`.ledger`. The benchmarks' commands (:mod:`benchmarks.cli`) are added where that package is installed.
+the roles, the server, the demo), :mod:`.batches`, :mod:`.reports`, :mod:`.poison`, :mod:`.cost`, :mod:`.ledger`
+and :mod:`.parties`. The benchmarks' commands (:mod:`benchmarks.cli`) are added where that package is installed.
 
 Defining the commands imports only click, rich and light modules: each command imports what it needs (the
 storage SDKs, Arrow, SQLAlchemy, the roles, pandas, FastAPI) when it runs. ``billing --help`` and a refused
@@ -19,7 +19,7 @@ import click
 from shared.errors import BillingError
 from shared.logs import configure_logging, redact
 
-from . import batches, cost, ledger, poison, reports, stack
+from . import batches, cost, ledger, parties, poison, reports, stack
 from .output import print_error
 
 try:
@@ -44,6 +44,7 @@ for _command in (
     *poison.COMMANDS,
     *cost.COMMANDS,
     *ledger.COMMANDS,
+    *parties.COMMANDS,
     *BENCHMARKS,
 ):
     cli.add_command(_command)

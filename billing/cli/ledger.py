@@ -7,14 +7,14 @@ from __future__ import annotations
 import asyncio
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import click
 
 from shared.localstack import resolve
 from shared.logs import redact
 
-from ..ledger import closing_message, void_batch
+from ..ledger import close_summary, void_batch
 from ..sql import open_store
 
 if TYPE_CHECKING:
@@ -82,36 +82,58 @@ def void(batch_id: str) -> None:
 
 
 @click.command("close")
-@click.option("--period", required=True, help="The billing period, YYYY-MM (UTC), not in the future.")
-def close(period: str) -> None:
-    """Close a billing period: issue a document (an invoice the first time, then signed adjustments) for each
-    account and currency whose billed amounts changed since its last document of the period, in one
-    transaction. With nothing changed it issues nothing and says so."""
+@click.option("--period", required=True, help="The billing period, YYYY-MM (UTC), ended.")
+@click.option(
+    "--require-customers",
+    is_flag=True,
+    help="Refuse (nothing issued) if an account to document has no customer record.",
+)
+@click.option("--list", "list_all", is_flag=True, help="Print each document issued as well.")
+def close(period: str, require_customers: bool, list_all: bool) -> None:
+    """Close an ended billing period: issue a document (an invoice the first time, then credit or debit notes
+    that correct it) for each account and currency whose billed amounts changed since its last document of the
+    period, in one transaction, and print a summary. With nothing changed it issues nothing and says so. A
+    seller must be registered first (billing seller set)."""
     from shared.settings import Settings
 
+    checked = _period(period)
     with open_store(Settings()) as store:
-        issued = store.close_period(period)
-    click.echo(closing_message(period, issued))
-    for doc in issued:
-        click.echo(_summary(doc))
+        issued = store.close_period(checked, require_customers=require_customers)
+    for line in close_summary(checked, issued):
+        click.echo(line)
+    if list_all:
+        for doc in issued:
+            click.echo(_summary(doc))
+
+
+def _period(period: str) -> str:
+    """``period`` if it is ``YYYY-MM``; refused on one line (exit 2) else."""
+    import re
+
+    from store import PERIOD_PATTERN, LedgerError
+
+    if not re.fullmatch(PERIOD_PATTERN, period):
+        raise LedgerError(f"billing period {period!r} is not YYYY-MM")
+    return period
 
 
 @click.group("documents")
 def documents_group() -> None:
-    """The documents closes issued: invoices and adjustments, numbered, never changed."""
+    """The documents closes issued: invoices, credit notes and debit notes, numbered, never changed."""
 
 
 @documents_group.command("list")
 @click.option("--period", help="Only this billing period (YYYY-MM).")
 @click.option("--account", help="Only this account.")
-@click.option("--kind", type=click.Choice(["invoice", "adjustment"]), help="Only this kind.")
+@click.option("--kind", type=click.Choice(["invoice", "credit_note", "debit_note"]), help="Only this kind.")
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
 def documents_list(period: str | None, account: str | None, kind: str | None, fmt: str) -> None:
     """List documents by number (JSON: each in full, money in integer minor units)."""
     from shared.settings import Settings
 
+    checked = None if period is None else _period(period)
     with open_store(Settings()) as store:
-        found = store.documents(period=period, account=account, kind=kind)
+        found = store.documents(period=checked, account=account, kind=kind)
     if fmt == "json":
         click.echo(json.dumps([doc.to_json_dict() for doc in found], indent=2))
     elif not found:
@@ -158,14 +180,37 @@ def documents_show(number: int, fmt: str, output: Path | None) -> None:
         click.echo(f"wrote {output}")
 
 
+@documents_group.command("export")
+@click.option("--period", help="Only this billing period (YYYY-MM).")
+@click.option("--what", type=click.Choice(["documents", "lines"]), default="documents", show_default=True)
+@click.option("--format", "fmt", type=click.Choice(["csv", "parquet"]), required=True)
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), required=True, help="The file to write.")
+def documents_export(period: str | None, what: str, fmt: str, out: Path) -> None:
+    """Export the register: one record per document (number, display number, kind, period, account, the
+    customer's name, currency, net, tax, total, issued, due, what it corrects) or per line (number, display
+    number, product, transactions, quantity, net, tax, total), money in integer minor units."""
+    from shared.settings import Settings
+
+    from ..register import Format, What, register, write_register
+
+    checked = None if period is None else _period(period)
+    with open_store(Settings()) as store:
+        found = store.documents(period=checked)
+    table = register(found, cast("What", what), cast("Format", fmt))
+    write_register(table, cast("Format", fmt), out)
+    click.echo(f"wrote {table.num_rows} {what[:-1]} record(s) to {out}")
+
+
 def _document_table(found: Document) -> str:
     """The document as terminal text, money in the currency's units."""
     from shared.rules.reference import money  # Arrow and NumPy: only where money is shown
 
+    first, last = found.service_period
     head = [
-        f"{found.kind.capitalize()} No. {found.number}",
-        f"period {found.period}   account {found.account_id}   currency {found.currency}",
-        f"issued {found.issued_at.isoformat()}",
+        f"{found.kind.replace('_', ' ').capitalize()} {found.display_number} (No. {found.number})",
+        f"period {found.period} ({first} to {last})   account {found.account_id}   currency {found.currency}",
+        f"issued {found.issued_at.isoformat()}   due {found.due_date or '-'}",
+        *_parties(found),
         f"price books {', '.join(found.pricebooks) or '-'}   tax tables {', '.join(found.tax_tables) or '-'}",
         f"money in {found.currency}, in its own units",
     ]
@@ -188,11 +233,29 @@ def _document_table(found: Document) -> str:
     return "\n".join(head + table)
 
 
+def _parties(found: Document) -> list[str]:
+    """The seller, the buyer, and what the document corrects or is corrected by."""
+    seller = found.seller
+    buyer = found.customer
+    lines = [
+        f"seller {seller['name']}, {seller['address']}, {seller['country']}, tax id {seller['tax_id']}"
+        if seller
+        else "",
+        f"buyer {buyer['name']} ({found.account_id}), {buyer['address']}, {buyer['country']}"
+        + (f", tax id {buyer['tax_id']}" if buyer["tax_id"] else "")
+        if buyer
+        else f"buyer {found.account_id} (no customer record)",
+        f"corrects {', '.join(map(str, found.corrects))}" if found.corrects else "",
+        f"corrected by {', '.join(map(str, found.corrected_by))}" if found.corrected_by else "",
+    ]
+    return [line for line in lines if line]
+
+
 def _summary(doc: Document) -> str:
     from shared.rules.reference import money
 
     amounts = "  ".join(f"{m} {money(getattr(doc, m), doc.currency)}" for m in ("net", "tax", "total"))
-    return f"{doc.number}  {doc.kind:<10}  {doc.period}  {doc.account_id}  {amounts}"
+    return f"{doc.display_number}  {doc.kind:<11}  {doc.period}  {doc.account_id}  {amounts}"
 
 
 COMMANDS: tuple[click.Command, ...] = (reference, void, close, documents_group)

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 from urllib.parse import urlencode
 
-from fastapi import APIRouter, HTTPException, Path, Query, Request, Response
+from fastapi import APIRouter, Form, HTTPException, Path, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
@@ -37,24 +37,54 @@ class LineOut(BaseModel):
     batches: list[str] = Field(description="the batches whose rows changed this line")
 
 
+Kind = Literal["invoice", "credit_note", "debit_note"]
+
+
 class DifferenceOut(BaseModel):
     """What the next close would issue for one account and currency (signed)."""
 
-    kind: Literal["invoice", "adjustment"]
+    kind: Kind
     period: str
     account_id: str
     currency: str
     net: int = Field(description=MONEY)
     tax: int = Field(description=MONEY)
     total: int = Field(description=MONEY)
+    corrects: list[int] = Field(description="a note's earlier documents of its account, period and currency")
     lines: list[LineOut]
 
 
+class SellerOut(BaseModel):
+    name: str
+    address: str
+    country: str = Field(description="ISO 3166-1 alpha-2")
+    tax_id: str
+
+
+class CustomerOut(BaseModel):
+    account_id: str
+    name: str
+    address: str
+    country: str = Field(description="ISO 3166-1 alpha-2")
+    tax_id: str | None
+
+
+class ServicePeriodOut(BaseModel):
+    from_: str = Field(alias="from", description="the period's first UTC day")
+    to: str = Field(description="the period's last UTC day")
+
+
 class DocumentOut(DifferenceOut):
-    """An issued document, never changed."""
+    """An issued document, never changed (``corrected_by`` grows as notes correct it)."""
 
     number: int
+    display_number: str = Field(description="the seller's prefix and the number padded to 6 digits")
     issued_at: str = Field(description="ISO 8601, UTC")
+    due_date: str | None = Field(description="ISO date; null for documents issued before payment terms existed")
+    service_period: ServicePeriodOut
+    seller: SellerOut | None = Field(description="as at issue; null for documents issued before parties existed")
+    customer: CustomerOut | None = Field(description="as at issue; null: no customer record (the buyer is the account)")
+    corrected_by: list[int] = Field(description="the later notes of its account, period and currency")
     pricebooks: list[str] = Field(description="SHA-256 of the price books its lines were rated with")
     tax_tables: list[str] = Field(description="SHA-256 of the tax tables its lines were rated with")
 
@@ -78,7 +108,7 @@ def list_documents(
     store: StoreDep,
     period: Annotated[str | None, Query(pattern=PERIOD_PATTERN)] = None,
     account: Annotated[str | None, Query(pattern=ID_PATTERN)] = None,
-    kind: Literal["invoice", "adjustment"] | None = None,
+    kind: Kind | None = None,
     limit: Annotated[int, Query(ge=1, le=DOCUMENT_PAGE)] = DOCUMENT_PAGE,
     offset: Annotated[int, Query(ge=0, le=10**9)] = 0,
 ) -> list[dict[str, Any]]:
@@ -146,7 +176,10 @@ def csrf(request: Request) -> JSONResponse:
     "/periods/{period}/close",
     response_model=Closed,
     summary="Close a period (console token and CSRF): issue its documents, as `billing close` does",
-    responses={400: {"description": "malformed or future period"}, 403: {"description": "token or CSRF refused"}},
+    responses={
+        400: {"description": "malformed or not ended period, no seller, or (require_customers) a customer missing"},
+        403: {"description": "token or CSRF refused"},
+    },
 )
 async def close_period(
     request: Request,
@@ -155,10 +188,13 @@ async def close_period(
     period: PeriodName,
     token: guard.Token = "",
     csrf: guard.Csrf = "",
+    require_customers: Annotated[
+        bool, Form(description="refuse (nothing issued) if an account to document has no customer record")
+    ] = False,
 ) -> dict[str, Any]:
     guard.authorise(request, settings, token, csrf)
     try:
-        issued = await run_in_threadpool(store.close_period, period)
+        issued = await run_in_threadpool(store.close_period, period, require_customers=require_customers)
     except LedgerError as exc:
         raise refusal(exc) from None
     message = closing_message(period, issued)

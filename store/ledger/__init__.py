@@ -5,5 +5,7 @@ closes into numbered documents.
   completing batch runs against them;
 - :mod:`store.ledger.numbers`: batch sequence numbers (merge order) and voids;
 - :mod:`store.ledger.periods`: closed periods and the late rows counted after a close;
-- :mod:`store.ledger.documents`: closing a period into gap-free numbered documents, and reading them.
+- :mod:`store.ledger.parties`: the seller and the customers, versioned;
+- :mod:`store.ledger.documents`: what a document holds, and reading documents;
+- :mod:`store.ledger.closing`: closing a period into gap-free numbered documents.
 """

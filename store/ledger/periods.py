@@ -2,7 +2,7 @@
 
 A counted row is late when its period had been closed (table ``closed_periods``, :func:`mark_closed`) before its
 batch completed; late rows are counted per batch and period in the transaction that completes the batch (table
-``late_rows``, :func:`record_late`) and billed by the period's next close (:mod:`store.ledger.documents`). A
+``late_rows``, :func:`record_late`) and billed by the period's next close (:mod:`store.ledger.closing`). A
 completion and a close never interleave: on PostgreSQL the completion holds the closes' advisory lock
 (:data:`CLOSE_LOCK`) shared, so it sees every close committed before it and a close sees every completion
 committed before it (SQLite's ``BEGIN IMMEDIATE`` serialises them anyway).

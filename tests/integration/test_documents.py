@@ -1,4 +1,4 @@
-"""Closing periods into documents, in the store, on SQLite and PostgreSQL: numbering, kinds, signed adjustments,
+"""Closing periods into documents, in the store, on SQLite and PostgreSQL: numbering, kinds, signed notes,
 issued documents never changing, refusals, and closes at once serialised."""
 
 from __future__ import annotations
@@ -11,9 +11,10 @@ from decimal import Decimal
 import pytest
 
 from store import Document, Filters, LedgerError, Store
+from support.ledger import with_seller
 from support.records import complete, manifest, partial, result
 
-NOW = datetime(2026, 4, 10, 9, 0, tzinfo=UTC)
+NOW = datetime(2026, 5, 10, 9, 0, tzinfo=UTC)
 BIG = 9 * 10**18  # three of these pass 2^63
 
 
@@ -28,6 +29,11 @@ def _lines(docs: list[Document]) -> dict[tuple[str, str, str], list[int]]:
     return {key: sums for key, sums in found.items() if any(sums)}
 
 
+def _as_issued(doc: Document) -> dict[str, object]:
+    """What issuing fixed of a document: all but ``corrected_by`` (later notes add to it)."""
+    return {k: v for k, v in doc.to_json_dict().items() if k != "corrected_by"}
+
+
 def _fresh(store: Store, period: str) -> dict[tuple[str, str, str], list[int]]:
     """The period's counted rows summed per account, currency and product, computed afresh."""
     rows = store.totals(("account_id", "product"), Filters(period=period)).rows
@@ -38,6 +44,7 @@ def _fresh(store: Store, period: str) -> dict[tuple[str, str, str], list[int]]:
 
 
 def test_a_first_close_issues_an_invoice_per_account_and_currency_in_code_point_order(store: Store) -> None:
+    with_seller(store)
     complete(
         store,
         "b1",
@@ -70,16 +77,17 @@ def test_a_first_close_issues_an_invoice_per_account_and_currency_in_code_point_
     assert [(d.number, d.kind, d.account_id, d.net) for d in april] == [(4, "invoice", "acct-a", 5)]
 
 
-def test_closing_again_issues_only_what_changed_as_signed_adjustments_and_never_changes_a_document(
+def test_closing_again_issues_only_what_changed_as_signed_notes_and_never_changes_a_document(
     store: Store,
 ) -> None:
+    with_seller(store)
     complete(store, "b1", partial("acct-1", net=100, tax=10), partial("acct-2", net=40, tax=4))
     store.apply(
         [manifest("running", work_items=2)], [result("running-w1", partial("acct-1", net=1, tax=0), batch_id="running")]
     )
     first = store.close_period("2026-03", now=NOW)
     assert [(d.number, d.account_id, d.net) for d in first] == [(1, "acct-1", 100), (2, "acct-2", 40)], "running: later"
-    snapshot = [d.to_json_dict() for d in store.documents()]
+    snapshot = [_as_issued(d) for d in store.documents()]
 
     assert store.close_period("2026-03", now=NOW) == [], "nothing changed: nothing issued"
 
@@ -88,27 +96,29 @@ def test_closing_again_issues_only_what_changed_as_signed_adjustments_and_never_
     store.void("b1")
     second = store.close_period("2026-03", now=NOW)
     assert [(d.number, d.kind, d.account_id, d.net, d.tax, d.total) for d in second] == [
-        (3, "adjustment", "acct-1", -96, -10, -106),  # b1's 110 gone, the running batch's 4 in
-        (4, "adjustment", "acct-2", -40, -4, -44),
+        (3, "credit_note", "acct-1", -96, -10, -106),  # b1's 110 gone, the running batch's 4 in
+        (4, "credit_note", "acct-2", -40, -4, -44),
         (5, "invoice", "acct-3", 9, 0, 9),
     ]
     assert [(line.product, line.sums.net, line.batches) for line in second[0].lines] == [
         ("CPU", -99, ("b1", "running")),
         ("GPU", 3, ("running",)),
     ]
-    assert [d.to_json_dict() for d in store.documents()][:2] == snapshot, "issued documents never change"
+    assert [_as_issued(d) for d in store.documents()][:2] == snapshot, "issued documents never change"
     assert _lines(first + second) == _fresh(store, "2026-03")
-    assert [d.number for d in store.documents(kind="adjustment")] == [3, 4]
+    assert [d.number for d in store.documents(kind="credit_note")] == [3, 4]
+    assert [(d.corrects, d.corrected_by) for d in store.documents(account="acct-1")] == [((), (3,)), ((1,), ())]
     assert [d.number for d in store.documents(account="acct-1", period="2026-03")] == [1, 3]
     shown = store.document(3)
     assert shown is not None and shown.to_json_dict() == second[0].to_json_dict()
     assert store.document(99) is None
 
 
-@pytest.mark.parametrize("period", ["2026-13", "2026-3", "26-03", "2026-03-01", "", "0000-01", "2026-05"])
+@pytest.mark.parametrize("period", ["2026-13", "2026-3", "26-03", "2026-03-01", "", "0000-01", "2026-05", "2026-06"])
 def test_a_malformed_or_future_period_is_refused_and_nothing_is_issued(store: Store, period: str) -> None:
+    with_seller(store)
     complete(store, "b1", partial("acct-1"))
-    with pytest.raises(LedgerError, match=r"YYYY-MM|future") as refused:
+    with pytest.raises(LedgerError, match=r"YYYY-MM|future|not ended") as refused:
         store.close_period(period, now=NOW)
     assert "\n" not in str(refused.value)
     assert store.documents() == []
@@ -116,7 +126,7 @@ def test_a_malformed_or_future_period_is_refused_and_nothing_is_issued(store: St
 
 
 def test_closes_at_once_are_serialised_and_numbers_stay_gap_free(sql_url: str) -> None:
-    with Store(sql_url) as store:
+    with with_seller(Store(sql_url)) as store:
         complete(store, "b1", *(partial(f"acct-{i:02d}", net=i + 1, tax=0) for i in range(12)))
         complete(store, "b2", *(partial(f"acct-{i:02d}", net=i + 1, tax=0, day="2026-02-03") for i in range(12)))
     issued: list[list[Document]] = []

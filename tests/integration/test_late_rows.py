@@ -1,6 +1,6 @@
 """Late rows in the store, on SQLite and PostgreSQL: rows of a period closed before their batch completed are
-counted at once, named late per period in the batch's status, and billed by the period's next close as an
-adjustment; completions racing a close are late exactly when that close left them out."""
+counted at once, named late per period in the batch's status, and billed by the period's next close as a
+debit note; completions racing a close are late exactly when that close left them out."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import pytest
 import sqlalchemy as sa
 
 from store import SCHEMA_REVISION, Filters, Store
+from support.ledger import with_seller
 from support.records import complete, manifest, partial, result
 from support.revisions import at_revision
 from support.waiting import wait_until
@@ -25,6 +26,7 @@ def _late(store: Store, batch_id: str) -> dict[str, int]:
 
 
 def test_rows_of_a_closed_period_are_counted_at_once_named_late_and_billed_by_its_next_close(store: Store) -> None:
+    with_seller(store)
     complete(store, "early", partial("acct-1", net=100, tax=10))
     store.apply(  # running during the close: its March rows are late too
         [manifest("running", work_items=2)],
@@ -49,9 +51,9 @@ def test_rows_of_a_closed_period_are_counted_at_once_named_late_and_billed_by_it
     march = store.invoices(Filters(period="2026-03")).rows
     assert [(r["account_id"], r["net"]) for r in march] == [("acct-1", 108)], "counted at once"
 
-    (adjustment,) = store.close_period("2026-03", now=NOW)
-    assert (adjustment.kind, adjustment.account_id, adjustment.net, adjustment.number) == ("adjustment", "acct-1", 8, 2)
-    assert [(line.sums.transactions, line.batches) for line in adjustment.lines] == [(5, ("late", "running"))]
+    (note,) = store.close_period("2026-03", now=NOW)
+    assert (note.kind, note.account_id, note.net, note.number) == ("debit_note", "acct-1", 8, 2)
+    assert [(line.sums.transactions, line.batches) for line in note.lines] == [(5, ("late", "running"))]
     (february,) = store.close_period("2026-02", now=NOW)
     assert (february.kind, february.net, february.lines[0].batches) == ("invoice", 4, ("late",))
     assert [d.number for d in store.documents()] == [invoice.number, 2, 3]
@@ -59,7 +61,7 @@ def test_rows_of_a_closed_period_are_counted_at_once_named_late_and_billed_by_it
 
 
 def test_completions_racing_a_close_are_late_exactly_when_it_left_them_out(sql_url: str) -> None:
-    with Store(sql_url) as store:
+    with with_seller(Store(sql_url)) as store:
         store.apply([manifest(f"b{i:02d}") for i in range(24)], [])
     errors: list[BaseException] = []
     started = threading.Barrier(3)
@@ -110,7 +112,7 @@ def _waiting(store: Store) -> int:
 def test_a_completion_waits_for_a_close_under_way_and_is_late(sql_url: str) -> None:
     """PostgreSQL only (SQLite runs one writer at a time): a close held up after reading what is billed, a batch
     completing meanwhile waits for it, then sees the period closed."""
-    with Store(sql_url) as store:
+    with with_seller(Store(sql_url)) as store:
         complete(store, "feb", partial("acct-1", day="2026-02-03"))
         store.close_period("2026-02", now=NOW)  # the counter of document numbers exists
         complete(store, "early", partial("acct-1"))

@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,7 @@ from shared.messaging.storage import Storage
 from shared.settings import Settings
 from store import Store
 from store.schema import batches, counters
+from support.ledger import with_seller
 from support.records import manifest, partial, result
 
 TOKEN = "ledger-test-token"
@@ -32,7 +34,9 @@ BIG = 9 * 10**18
 
 
 def fill(store: Store) -> None:
-    """``b1`` and ``b2`` complete (March and April rows, USD and JPY), ``running`` not complete yet."""
+    """``b1`` and ``b2`` complete (March and April rows, USD and JPY), ``running`` not complete yet; the seller
+    registered."""
+    with_seller(store)
     store.apply(
         [manifest("b1"), manifest("b2"), manifest("running", work_items=2)],
         [
@@ -92,7 +96,7 @@ def test_documents_periods_and_the_pending_difference(client: TestClient, store:
     listed = client.get("/api/documents").json()
     assert listed == [d.to_json_dict() for d in store.documents()], "the JSON of billing documents list"
     assert client.get("/api/documents", params={"account": "acct-3"}).json() == listed[1:]
-    assert client.get("/api/documents", params={"kind": "adjustment"}).json() == []
+    assert client.get("/api/documents", params={"kind": "credit_note"}).json() == []
     assert client.get("/api/documents", params={"period": "2026-04"}).json() == []
     first = client.get("/api/documents", params={"limit": 1})
     assert first.json() == listed[:1] and first.headers["link"] == '</api/documents?limit=1&offset=1>; rel="next"'
@@ -120,7 +124,7 @@ def test_documents_periods_and_the_pending_difference(client: TestClient, store:
     assert (march["state"], march["documents"]) == ("closed", 2)
     assert march["pending"] == [d.to_json_dict() for d in store.pending("2026-03")]
     assert [(d["kind"], d["account_id"], d["total"], d["lines"][0]["batches"]) for d in march["pending"]] == [
-        ("adjustment", "acct-3", 10, ["b3"]),
+        ("debit_note", "acct-3", 10, ["b3"]),
         ("invoice", "acct-9", 6, ["running"]),
     ]
     assert client.get("/api/periods/2026-03").json() == march
@@ -161,12 +165,15 @@ def test_close_and_void_need_the_token_and_csrf_and_are_refused_as_the_cli_refus
     right = {"token": TOKEN, "csrf": csrf}
     for path, status, words in (
         ("/api/periods/2999-01/close", 400, "in the future"),
+        (f"/api/periods/{datetime.now(UTC):%Y-%m}/close", 400, "has not ended"),
         ("/api/batches/nope/void", 400, "unknown"),
         ("/api/batches/running/void", 400, "not complete"),
     ):
         refused = client.post(path, data=right)
         detail = refused.json()["detail"]
         assert refused.status_code == status and words in detail and "\n" not in detail, (path, detail)
+    needing = client.post("/api/periods/2026-03/close", data={**right, "require_customers": "true"})
+    assert needing.status_code == 400 and "2 account(s) to document have no customer record" in needing.json()["detail"]
     assert ledger_state(store) == before, "refused: nothing changed"
 
     closed = client.post("/api/periods/2026-03/close", data=right).json()
@@ -183,7 +190,7 @@ def test_close_and_void_need_the_token_and_csrf_and_are_refused_as_the_cli_refus
 
     page = client.post("/periods/2026-03/close", data=right, follow_redirects=False)
     assert page.status_code == 303 and page.headers["location"] == "/periods/2026-03?issued=1"
-    assert [d.kind for d in store.documents()] == ["invoice", "invoice", "adjustment"], "b2's credit"
+    assert [d.kind for d in store.documents()] == ["invoice", "invoice", "credit_note"], "b2's credit"
     shown = client.get("/periods/2026-03?issued=1").text
     assert "Closed: 1 document(s) issued." in shown and 'action="/periods/2026-03/close"' in shown
     assert 'action="/batches/b1/void"' in client.get("/documents/1").text
@@ -220,6 +227,6 @@ def test_a_close_and_a_void_through_the_api_change_the_ledger_as_the_cli_does(
         for args in (("close", "--period", "2026-03"), ("void", "b2"), ("close", "--period", "2026-03")):
             _cli(settings_env, by_cli, *args)
         assert ledger_state(api_store) == ledger_state(cli_store)
-        assert [d["kind"] for d in ledger_state(api_store)["documents"]] == ["invoice", "invoice", "adjustment"]
+        assert [d["kind"] for d in ledger_state(api_store)["documents"]] == ["invoice", "invoice", "credit_note"]
         listed = json.loads(_cli(settings_env, by_api, "documents", "list", "--format", "json").stdout)
         assert listed == TestClient(create_app(settings_env, api_store)).get("/api/documents").json()

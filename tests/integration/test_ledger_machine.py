@@ -1,5 +1,5 @@
-"""The ledger under random sequences of submit / finish / void / close, on SQLite and PostgreSQL, against the
-reference model (hypothesis's ``RuleBasedStateMachine``).
+"""The ledger under random sequences of submit / finish / void / close / seller and customer changes, on SQLite
+and PostgreSQL, against the reference model (hypothesis's ``RuleBasedStateMachine``).
 
 Batches are small CSV files whose rows share transaction ids and fall in two periods (one by a time zone
 offset); each is cut, marked with the ledger's id filter and rated the roles' way (:class:`benchmarks.ledger.
@@ -8,13 +8,15 @@ be running during a close, or wait for an earlier batch that shares its ids, or 
 batch marked at the same time (its manifest recorded first). The model is told of each batch that completes, in
 sequence order. After
 every step: issued documents unchanged, numbers gap-free, every batch's late rows as the model's, every period's
-counted rows in the live totals at once; after every close: its documents as the model's, and for every
-account, currency and product the sum of the period's documents' lines equal to a fresh computation."""
+counted rows in the live totals at once, every note correcting exactly the earlier documents of its triple (and
+named in their ``corrected_by``), kinds by sign, no document with every line at net 0 and tax 0; after every
+close: its documents as the model's, their snapshots the seller and customers in force, and for every account,
+currency and product the money of the period's documents' lines equal to a fresh computation."""
 
 from __future__ import annotations
 
 from collections import defaultdict
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any, ClassVar
 
@@ -27,7 +29,7 @@ from benchmarks import reference_model as model
 from benchmarks.ledger import Cut, InProcess
 from billing.sample import sample_price_book_bytes, sample_tax_table_bytes
 from shared.messages import Manifest, WorkItemResult
-from store import BatchState, Document, Filters, LedgerError, Store, schema
+from store import BatchState, Customer, Document, Filters, LedgerError, Seller, Store, schema
 from store.engine import writing
 from support.ledger import csv_of
 
@@ -35,12 +37,30 @@ PRICES = model.read_prices(sample_price_book_bytes().decode())
 RATES = model.read_rates(sample_tax_table_bytes().decode())
 PERIODS = ("2026-02", "2026-03")
 NOW = datetime(2026, 4, 10, 9, 0, tzinfo=UTC)
+ACCOUNTS = ("acct-a", "Acct-b")
+SELLER = st.builds(
+    Seller,
+    name=st.sampled_from(["Example GmbH", "Example AG"]),
+    address=st.just("Hauptstrasse 1, Berlin"),
+    country=st.sampled_from(["DE", "AT"]),
+    tax_id=st.sampled_from(["DE1", "ATU2"]),
+    payment_terms_days=st.sampled_from([0, 14, 30]),
+    prefix=st.sampled_from(["INV-", "R/"]),
+)
+CUSTOMER = st.builds(
+    Customer,
+    account_id=st.sampled_from(ACCOUNTS),
+    name=st.sampled_from(["Alice Ltd", "Bob GmbH"]),
+    address=st.sampled_from(["1 High St", "Weg 3"]),
+    country=st.sampled_from(["GB", "DE", "JP"]),
+    tax_id=st.sampled_from([None, "GB1"]),
+)
 FIELDS = ("transaction_id", "account_id", "timestamp", "product", "quantity", "region")
 
 ROW = st.fixed_dictionaries(
     {
         "transaction_id": st.sampled_from([f"t{i}" for i in range(6)]),
-        "account_id": st.sampled_from(["acct-a", "Acct-b"]),
+        "account_id": st.sampled_from(ACCOUNTS),
         "timestamp": st.sampled_from(
             ["2026-02-27T10:00:00Z", "2026-03-02T09:30:00.5Z", "2026-03-01T00:30:00+02:00", "2026-03-31T23:00:00Z"]
         ),
@@ -68,6 +88,8 @@ class LedgerMachine(RuleBasedStateMachine):
         self.results: dict[str, list[WorkItemResult]] = {}
         self.unapplied: dict[str, list[Manifest | WorkItemResult]] = {}  # what a running batch still waits for
         self.issued: list[dict[str, Any]] = []
+        self.seller = self.store.set_seller(Seller("Example GmbH", "Hauptstrasse 1, Berlin", "DE", "DE1"))
+        self.customers: dict[str, Customer] = {}
 
     def teardown(self) -> None:
         self.store.close()
@@ -102,23 +124,55 @@ class LedgerMachine(RuleBasedStateMachine):
             self.store.void(batch_id)
         assert self.store.batches() == before
 
+    @rule(seller=SELLER)
+    def set_seller(self, seller: Seller) -> None:
+        """A new seller version: the documents issued from now on name it."""
+        self.seller = self.store.set_seller(seller)
+
+    @rule(customers=st.lists(CUSTOMER, min_size=1, max_size=2, unique_by=lambda c: c.account_id))
+    def import_customers(self, customers: list[Customer]) -> None:
+        """Customers imported: new or changed ones get a version, the documents from now on name it."""
+        self.store.import_customers(customers)
+        self.customers |= {c.account_id: c for c in customers}
+        assert self.store.customers() == sorted(self.customers.values(), key=lambda c: c.account_id)
+
     @precondition(lambda self: self.files)
     @rule(period=st.sampled_from(PERIODS))
     def close(self, period: str) -> None:
-        """Close a period: the model's documents, and the lines of all its documents add up to a fresh
-        computation of what is counted now."""
+        """Close a period: the model's documents naming the parties in force, and the lines of all its documents
+        add up to a fresh computation of what is counted now."""
         expected = self.ledger.close(period)
         issued = self.store.close_period(period, now=NOW)
-        assert [_as_model(d) for d in issued] == expected
+        assert model.as_model([d.to_json_dict() for d in issued]) == expected
+        for doc in issued:
+            customer = self.customers.get(doc.account_id)
+            assert doc.seller == self.seller.snapshot() and doc.display_number.startswith(self.seller.prefix)
+            assert doc.customer == (customer.snapshot() if customer else None)
+            assert doc.due_date == NOW.date() + timedelta(days=self.seller.payment_terms_days)
         event("close", ",".join(sorted({d.kind for d in issued})) or "nothing issued")
-        assert _line_sums(self.store.documents(period=period)) == self._fresh(period)
+        assert _money(_line_sums(self.store.documents(period=period))) == _money(self._fresh(period))
 
     @invariant()
     def issued_documents_never_change_and_numbers_have_no_gap(self) -> None:
-        found = [d.to_json_dict() for d in self.store.documents()]
+        """Snapshots included; only ``corrected_by`` grows as notes come."""
+        found = [{k: v for k, v in d.to_json_dict().items() if k != "corrected_by"} for d in self.store.documents()]
         assert found[: len(self.issued)] == self.issued
         assert [d["number"] for d in found] == list(range(1, len(found) + 1))
         self.issued = found
+
+    @invariant()
+    def notes_correct_exactly_the_earlier_documents_of_their_triple(self) -> None:
+        docs = self.store.documents()
+        of_triple: dict[tuple[str, str, str], list[int]] = defaultdict(list)
+        for doc in docs:
+            earlier = of_triple[doc.period, doc.account_id, doc.currency]
+            assert doc.corrects == tuple(earlier)
+            assert doc.kind == ("invoice" if not earlier else "credit_note" if doc.total < 0 else "debit_note")
+            assert any(line.sums.net or line.sums.tax for line in doc.lines), "no zero document"
+            earlier.append(doc.number)
+        for doc in docs:
+            later = of_triple[doc.period, doc.account_id, doc.currency]
+            assert doc.corrected_by == tuple(n for n in later if n > doc.number)
 
     @invariant()
     def rows_are_counted_at_once_and_late_as_the_model_says(self) -> None:
@@ -182,6 +236,12 @@ def _measures(found: dict[str, Any]) -> tuple[int, Decimal, int, int, int]:
     )
 
 
+def _money(sums: dict[tuple[str, str, str], tuple[int, Decimal, int, int, int]]) -> dict[tuple[str, str, str], Any]:
+    """Net, tax and total per account, currency and product, where not all 0: a change settled without a document
+    (every line of its pair at net 0 and tax 0) may leave transactions and quantity out of the documents."""
+    return {key: s[2:] for key, s in sums.items() if any(s[2:])}
+
+
 def _line_sums(docs: list[Document]) -> dict[tuple[str, str, str], tuple[int, Decimal, int, int, int]]:
     """The documents' lines summed per account, currency and product (those that do not sum to nothing)."""
     sums: dict[tuple[str, str, str], Any] = defaultdict(lambda: (0, Decimal(0), 0, 0, 0))
@@ -190,11 +250,6 @@ def _line_sums(docs: list[Document]) -> dict[tuple[str, str, str], tuple[int, De
             key = (doc.account_id, doc.currency, line.product)
             sums[key] = tuple(a + b for a, b in zip(sums[key], _measures(line.sums.values()), strict=True))
     return {key: s for key, s in sums.items() if any(s)}
-
-
-def _as_model(doc: Document) -> dict[str, Any]:
-    """A document as the model has it: without ``issued_at``, price books and tax tables."""
-    return {k: v for k, v in doc.to_json_dict().items() if k not in ("issued_at", "pricebooks", "tax_tables")}
 
 
 def test_a_manifest_that_comes_late_keeps_its_batchs_place_in_merge_order(sql_url: str) -> None:

@@ -1,5 +1,5 @@
 """Batch files for the ledger's tests, built from their transaction ids: rows of one account, CSV text, and a
-manifest changed as a test needs it."""
+manifest changed as a test needs it; the seller a close needs."""
 
 from __future__ import annotations
 
@@ -9,6 +9,11 @@ from dataclasses import replace
 from typing import Any
 
 from shared.messages import Manifest
+from store import Seller, Store
+
+#: The seller the ledger's tests register before they close (a close without one is refused).
+SELLER = Seller("Example Billing GmbH", "Hauptstrasse 1, 10115 Berlin", "DE", "DE123456789")
+SELLER_ARGS = ("--name", SELLER.name, "--address", SELLER.address, "--country", "DE", "--tax-id", SELLER.tax_id)
 
 HEADER = ("transaction_id", "account_id", "timestamp", "product", "quantity", "region")
 
@@ -43,3 +48,9 @@ def csv_of(rows: list[dict[str, Any]], header: tuple[str, ...] = HEADER) -> byte
 def manifest_with(manifest: Manifest, **changes: Any) -> Manifest:
     """``manifest`` with ``changes``."""
     return replace(manifest, **changes)
+
+
+def with_seller(store: Store) -> Store:
+    """``store`` with :data:`SELLER` registered."""
+    store.set_seller(SELLER)
+    return store

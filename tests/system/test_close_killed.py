@@ -13,6 +13,7 @@ import pytest
 
 from shared.settings import Settings
 from store import Store
+from support.ledger import with_seller
 from support.records import manifest, partial, result
 
 ACCOUNTS = 6_000
@@ -24,7 +25,7 @@ def test_a_close_killed_at_any_moment_leaves_all_of_its_documents_or_none(
 ) -> None:
     monkeypatch.setenv("BILLING_SQL_URL", sql_url)
     rows = [partial(f"acct-{i:05d}", net=i + 1, tax=1) for i in range(ACCOUNTS)]
-    with Store(sql_url) as store:
+    with with_seller(Store(sql_url)) as store:
         assert store.apply([manifest("big")], [result("big-w1", *rows, batch_id="big")]).completed_batches == ["big"]
         kills, delay, left = 0, 0.3, []
         while not left:  # kill it later each time, until a close runs to its end

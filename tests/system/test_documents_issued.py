@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ from benchmarks import reference_model as model
 from billing.sample import generate, sample_price_book_bytes, sample_tax_table_bytes
 from shared.settings import Settings
 from support.exact import billing, read_raw
+from support.ledger import SELLER_ARGS
 from support.roles import Roles
 
 HEADER = "transaction_id,account_id,timestamp,product,quantity,region\n"
@@ -31,9 +33,9 @@ def listed(*args: str) -> list[dict[str, Any]]:
     return list(json.loads(billing("documents", "list", "--format", "json", *args).stdout))
 
 
-def without_issue_data(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Documents as the model has them: no ``issued_at``, price books or tax tables."""
-    return [{k: v for k, v in d.items() if k not in ("issued_at", "pricebooks", "tax_tables")} for d in docs]
+def as_issued(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """What issuing fixed of documents: all but ``corrected_by`` (later notes add to it)."""
+    return [{k: v for k, v in d.items() if k != "corrected_by"} for d in docs]
 
 
 def run_roles(roles: Roles) -> None:
@@ -64,6 +66,7 @@ def test_closes_issue_the_models_documents_through_a_void_and_a_later_batch(
         model.read_prices(sample_price_book_bytes().decode()), model.read_rates(sample_tax_table_bytes().decode())
     )
     billing("reference", "set", "--sample")
+    billing("seller", "set", *SELLER_ARGS)
     for batch_id in ("gen", "small"):
         billing("submit", str(files[batch_id]), "--batch-id", batch_id)
         ledger.batch(batch_id, read_raw(files[batch_id]))
@@ -74,7 +77,7 @@ def test_closes_issue_the_models_documents_through_a_void_and_a_later_batch(
         expected = ledger.close(period)
         assert f"issued {len(expected)} document(s)" in done.stdout
     first = listed()
-    assert without_issue_data(first) == ledger.documents
+    assert model.as_model(first) == ledger.documents
     assert len(first) > 100 and [d["number"] for d in first] == list(range(1, len(first) + 1))
     sample_hashes = (
         [hashlib.sha256(sample_price_book_bytes()).hexdigest()],
@@ -83,7 +86,13 @@ def test_closes_issue_the_models_documents_through_a_void_and_a_later_batch(
     assert all((d["pricebooks"], d["tax_tables"]) == sample_hashes for d in first)
     assert "nothing to issue" in billing("close", "--period", "2026-03").stdout
 
-    for period, words in (("2026-13", "YYYY-MM"), ("2999-01", "future"), ("March", "YYYY-MM")):
+    this_month = datetime.now(UTC).strftime("%Y-%m")
+    for period, words in (
+        ("2026-13", "YYYY-MM"),
+        ("2999-01", "future"),
+        ("March", "YYYY-MM"),
+        (this_month, "not ended"),
+    ):
         refused = attempt("close", "--period", period)
         assert refused.returncode == 2 and words in refused.stderr, refused.stderr
         assert len(refused.stderr.strip().splitlines()) == 1 and "Traceback" not in refused.stderr
@@ -97,13 +106,14 @@ def test_closes_issue_the_models_documents_through_a_void_and_a_later_batch(
         ledger.close(period)
         billing("close", "--period", period)
     after = listed()
-    assert after[: len(first)] == first, "issued documents never change"
-    assert without_issue_data(after) == ledger.documents
-    adjustments = listed("--kind", "adjustment")
-    assert adjustments and all(d["kind"] == "adjustment" for d in adjustments)
-    assert any(d["total"] < 0 for d in adjustments), "the void is a credit"
+    assert as_issued(after[: len(first)]) == as_issued(first), "issued documents never change"
+    assert model.as_model(after) == ledger.documents
+    credits = listed("--kind", "credit_note")
+    assert credits and all(d["kind"] == "credit_note" and d["total"] < 0 for d in credits), "the void is a credit"
     of_x = listed("--account", "acct-x", "--period", "2026-03")
-    assert [d["kind"] for d in of_x] == ["invoice", "adjustment"]
+    assert [d["kind"] for d in of_x] == ["invoice", "credit_note" if of_x[1]["total"] < 0 else "debit_note"]
+    assert of_x[1]["corrects"] == [of_x[0]["number"]] and of_x[0]["corrected_by"] == [of_x[1]["number"]]
+    assert of_x[0]["seller"]["tax_id"] == "DE123456789" and of_x[0]["customer"] is None
     assert of_x[1]["lines"] and {b for line in of_x[1]["lines"] for b in line["batches"]} == {"small", "later"}
 
     number = of_x[1]["number"]

@@ -26,6 +26,7 @@ from billing.sample import sample_price_book_bytes, sample_tax_table_bytes
 from shared.settings import Settings
 from store import Store
 from support.exact import read_raw
+from support.ledger import SELLER_ARGS
 from support.roles import Roles
 from support.waiting import wait_until
 
@@ -65,11 +66,6 @@ def billing(*args: str, code: int = 0) -> Result:
 
 def documents() -> list[dict[str, Any]]:
     return list(json.loads(billing("documents", "list", "--format", "json").output))
-
-
-def as_model(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Documents as the model has them: no ``issued_at``, price books or tax tables."""
-    return [{k: v for k, v in d.items() if k not in ("issued_at", "pricebooks", "tax_tables")} for d in docs]
 
 
 def status(batch_id: str) -> dict[str, Any]:
@@ -118,11 +114,12 @@ def submit_and_close(files: dict[str, Path], ledger: model.Ledger) -> list[dict[
         fates = ledger.batch(batch_id, read_raw(files[batch_id]))
         assert status(batch_id)["rejected"] == sum(isinstance(fate, str) for fate in fates)
     assert status("two")["rejected"] > 25, "the ids two shares with one are duplicates"
+    billing("seller", "set", *SELLER_ARGS)
     for period in PERIODS:
         billing("close", "--period", period)
         ledger.close(period)
     issued = documents()
-    assert as_model(issued) == ledger.documents and issued
+    assert model.as_model(issued) == ledger.documents and issued
     return issued
 
 
@@ -148,7 +145,7 @@ def late_batch_killed(settings: Settings, roles: Roles, path: Path, ledger: mode
     assert status("three")["late"] == ledger.late["three"]
     late_text = ",".join(f"{period}:{rows}" for period, rows in sorted(ledger.late["three"].items()))
     assert f"late={late_text}" in billing("status", "three").output
-    assert as_model(documents()) == ledger.documents
+    assert model.as_model(documents()) == ledger.documents
 
 
 def test_overlapping_batches_closes_a_killed_controller_a_void_and_a_resubmission_are_exact(
@@ -181,7 +178,7 @@ def test_overlapping_batches_closes_a_killed_controller_a_void_and_a_resubmissio
         ledger.close(period)
     final = documents()
     assert final[: len(first)] == first, "issued documents never change"
-    assert as_model(final) == ledger.documents
+    assert model.as_model(final) == ledger.documents
     assert [d["number"] for d in final] == list(range(1, len(final) + 1))
     for period in PERIODS:
         assert line_sums(final, period) == fresh(ledger, period)

@@ -25,6 +25,7 @@ from shared.rules.reference import money
 from shared.settings import Settings
 from support.browser import DESKTOP, console_server
 from support.exact import billing, read_raw
+from support.ledger import SELLER_ARGS
 from support.roles import Roles
 from support.tools import require
 
@@ -39,7 +40,7 @@ FIRST = HEADER + (
     "a5,acct-x,2026-03-12T08:00:00Z,compute.vcpu-hour,0.5,US-CA\n"
 )
 LATER = HEADER + (
-    "l1,acct-x,2026-03-20T08:00:00Z,compute.gpu-hour,2,US-CA\n"  # a closed period's row: an adjustment
+    "l1,acct-x,2026-03-20T08:00:00Z,compute.gpu-hour,2,US-CA\n"  # a closed period's row: a note
     "l2,acct-new,2026-03-21T08:00:00Z,sms.message,7,GB\n"
     "l3,acct-x,2026-04-02T08:00:00Z,compute.gpu-hour,1,\n"
 )
@@ -48,13 +49,6 @@ LATER = HEADER + (
 def run_roles(roles: Roles) -> None:
     for role in ("initiator", "processor", "controller"):
         roles.burst(role)
-
-
-def as_model(docs: list[dict[str, Any]], *, numbered: bool = True) -> list[dict[str, Any]]:
-    """Documents as the model has them: no issue time or hashes (and no number unless ``numbered``: pending
-    differences have none)."""
-    dropped = {"issued_at", "pricebooks", "tax_tables"} | (set() if numbered else {"number"})
-    return [{k: v for k, v in d.items() if k not in dropped} for d in docs]
 
 
 def act(page: Page, action: str) -> None:
@@ -76,6 +70,7 @@ def test_a_period_closed_and_a_batch_voided_from_the_console_documents_read_and_
     files["first"].write_text(FIRST)
     files["later"].write_text(LATER)
     billing("reference", "set", "--sample")
+    billing("seller", "set", *SELLER_ARGS)
     billing("submit", str(files["first"]), "--batch-id", "first")
     ledger.batch("first", read_raw(files["first"]))
     run_roles(roles)
@@ -87,7 +82,7 @@ def test_a_period_closed_and_a_batch_voided_from_the_console_documents_read_and_
         page.set_default_timeout(60 * SECONDS)
         page.goto(f"{url}/periods")
         expect(page.locator('tr[data-period="2026-03"]')).to_have_attribute("data-state", "open")
-        assert api.get("/api/periods/2026-03").json()["pending"] == as_model(
+        assert api.get("/api/periods/2026-03").json()["pending"] == model.as_model(
             copy.deepcopy(ledger).close("2026-03"), numbered=False
         ), "an open period's pending difference: everything billed"
 
@@ -95,7 +90,7 @@ def test_a_period_closed_and_a_batch_voided_from_the_console_documents_read_and_
         act(page, "/periods/2026-03/close")
         expect(page.locator("#issued")).to_have_text("Closed: 4 document(s) issued.")
         expected = ledger.close("2026-03")
-        assert as_model(api.get("/api/documents").json()) == expected
+        assert model.as_model(api.get("/api/documents").json()) == expected
         shown = {
             int(number): total
             for number, total in page.locator("#documents tbody tr").evaluate_all(
@@ -132,8 +127,8 @@ def test_a_period_closed_and_a_batch_voided_from_the_console_documents_read_and_
 
     done = billing("close", "--period", "2026-03")
     issued = ledger.close("2026-03")
-    assert as_model(json.loads(billing("documents", "list", "--format", "json").stdout)) == ledger.documents
-    assert pending == as_model(issued, numbered=False) and f"issued {len(issued)} document(s)" in done.stdout
+    assert model.as_model(json.loads(billing("documents", "list", "--format", "json").stdout)) == ledger.documents
+    assert pending == model.as_model(issued, numbered=False) and f"issued {len(issued)} document(s)" in done.stdout
     credit = next(d for d in issued if d["total"] < 0)
     _check_pdf(credit, tmp_path, artifacts, pdftotext, pdftoppm)
     _check_html(invoice, tmp_path, browser)
@@ -144,7 +139,7 @@ def _check_pending(api: httpx.Client, ledger: model.Ledger) -> list[dict[str, An
     close."""
     expected = copy.deepcopy(ledger).close("2026-03")
     pending: list[dict[str, Any]] = api.get("/api/periods/2026-03").json()["pending"]
-    assert pending and pending == as_model(expected, numbered=False)
+    assert pending and pending == model.as_model(expected, numbered=False)
     said = billing("report", "invoices", "--period", "2026-03")
     assert "period 2026-03 is closed; pending difference" in said.stderr
     for doc in expected:

@@ -1,0 +1,101 @@
+"""The register export (``billing documents export``): the issued documents, one record each, or their lines, as
+a CSV or Parquet file an accountant loads. Money in integer minor units (``decimal128(38, 0)``: exact past
+2^63, as the store keeps it); ``corrects`` a list in Parquet, space-separated numbers in CSV."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Sequence
+from decimal import Decimal
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
+
+import pyarrow as pa
+import pyarrow.csv as pa_csv
+import pyarrow.parquet as pq
+
+from shared.errors import InputError
+
+if TYPE_CHECKING:
+    from store import Document
+
+What = Literal["documents", "lines"]
+Format = Literal["csv", "parquet"]
+WHATS: tuple[What, ...] = ("documents", "lines")
+FORMATS: tuple[Format, ...] = ("csv", "parquet")
+MONEY = pa.decimal128(38, 0)
+QUANTITY = pa.decimal128(38, 6)
+
+
+class ExportRefused(InputError):
+    """A register that cannot be written where asked (one line)."""
+
+
+def _documents(docs: Sequence[Document], fmt: Format) -> pa.Table:
+    corrects: pa.Array = (
+        pa.array([list(d.corrects) for d in docs], pa.list_(pa.int64()))
+        if fmt == "parquet"
+        else pa.array([" ".join(str(n) for n in d.corrects) for d in docs], pa.string())
+    )
+    return pa.table(
+        {
+            "number": pa.array([d.number for d in docs], pa.int64()),
+            "display_number": pa.array([d.display_number for d in docs], pa.string()),
+            "kind": pa.array([d.kind for d in docs], pa.string()),
+            "period": pa.array([d.period for d in docs], pa.string()),
+            "account_id": pa.array([d.account_id for d in docs], pa.string()),
+            "name": pa.array([d.customer["name"] if d.customer else None for d in docs], pa.string()),
+            "currency": pa.array([d.currency for d in docs], pa.string()),
+            **{m: pa.array([Decimal(getattr(d, m)) for d in docs], MONEY) for m in ("net", "tax", "total")},
+            "issued_at": pa.array([d.issued_at for d in docs], pa.timestamp("us", tz="UTC")),
+            "due_date": pa.array([d.due_date for d in docs], pa.date32()),
+            "corrects": corrects,
+        }
+    )
+
+
+def _lines(docs: Sequence[Document], fmt: Format) -> pa.Table:
+    from store import quantity_text
+
+    rows = [(d, line) for d in docs for line in d.lines]
+    quantities = [line.sums.quantity for _, line in rows]
+    return pa.table(
+        {
+            "number": pa.array([d.number for d, _ in rows], pa.int64()),
+            "display_number": pa.array([d.display_number for d, _ in rows], pa.string()),
+            "product": pa.array([line.product for _, line in rows], pa.string()),
+            "transactions": pa.array([line.sums.transactions for _, line in rows], pa.int64()),
+            "quantity": pa.array(quantities, QUANTITY)
+            if fmt == "parquet"
+            else pa.array([quantity_text(q) for q in quantities], pa.string()),
+            **{
+                m: pa.array([Decimal(getattr(line.sums, m)) for _, line in rows], MONEY)
+                for m in ("net", "tax", "total")
+            },
+        }
+    )
+
+
+def register(docs: Sequence[Document], what: What, fmt: Format) -> pa.Table:
+    """The documents (one row each) or their lines (one row each, by document number and product) as a table."""
+    return (_documents if what == "documents" else _lines)(docs, fmt)
+
+
+def write_register(table: pa.Table, fmt: Format, out: Path) -> None:
+    """Write ``table`` to ``out`` whole or not at all (a file beside it, then renamed over it);
+    :class:`ExportRefused` where it cannot be written."""
+    try:
+        handle, temporary = tempfile.mkstemp(prefix=f".{out.name}.", dir=out.parent)
+    except OSError as exc:
+        raise ExportRefused(f"cannot write {out}: {exc.strerror or exc}") from None
+    os.close(handle)
+    try:
+        if fmt == "parquet":
+            pq.write_table(table, temporary)
+        else:
+            pa_csv.write_csv(table, temporary)
+        os.replace(temporary, out)
+    except OSError as exc:
+        Path(temporary).unlink(missing_ok=True)
+        raise ExportRefused(f"cannot write {out}: {exc.strerror or exc}") from None
