@@ -25,7 +25,7 @@ from shared.messaging.storage import Storage
 from shared.messaging.tally import Tally, tallying
 from shared.messaging.triggers import trigger_bus
 from shared.refstore import PRICEBOOK, TAXES, ReferenceSet, ReferenceStore
-from shared.rules.batchfile import detect_format, line_blocks, read_chunks
+from shared.rules.batchfile import UNCLOSED_QUOTE, detect_format, line_blocks, read_chunks
 from shared.rules.reference import load_price_book, load_tax_table
 from shared.settings import Settings
 from shared.submissions import REQUESTED, VOIDED, request_metadata, send_request
@@ -87,7 +87,7 @@ def check_head(path: Path, fmt: str) -> None:
             pass
     except FileRefused as exc:
         # A cut inside a quoted field is the cut's doing, not the file's.
-        if whole or "unexpected end of data" not in str(exc):
+        if whole or UNCLOSED_QUOTE not in str(exc):
             raise
 
 
