@@ -25,6 +25,8 @@ MAX_NUMBER = 2**63 - 1
 DOCUMENT_PAGE = 1000
 Number = Annotated[int, Path(ge=1, le=MAX_NUMBER, description="the document's number")]
 PeriodName = Annotated[str, Path(pattern=PERIOD_PATTERN, description="YYYY-MM")]
+#: A period to close: the close refuses a malformed one itself (400, one line), as ``billing close`` does.
+ClosingPeriod = Annotated[str, Path(max_length=64, description="YYYY-MM")]
 
 
 class LineOut(BaseModel):
@@ -152,7 +154,7 @@ async def close_period(
     request: Request,
     store: StoreDep,
     settings: SettingsDep,
-    period: PeriodName,
+    period: ClosingPeriod,
     token: guard.Token = "",
     csrf: guard.Csrf = "",
 ) -> dict[str, Any]:

@@ -63,7 +63,7 @@ async def close_action(
     request: Request,
     store: StoreDep,
     settings: SettingsDep,
-    period: PeriodName,
+    period: ledger_api.ClosingPeriod,
     token: guard.Token = "",
     csrf: guard.Csrf = "",
 ) -> RedirectResponse:

@@ -161,6 +161,8 @@ def test_close_and_void_need_the_token_and_csrf_and_are_refused_as_the_cli_refus
     right = {"token": TOKEN, "csrf": csrf}
     for path, status, words in (
         ("/api/periods/2999-01/close", 400, "in the future"),
+        ("/api/periods/2026-3/close", 400, "YYYY-MM"),
+        ("/periods/2026-13/close", 400, "YYYY-MM"),
         ("/api/batches/nope/void", 400, "unknown"),
         ("/api/batches/running/void", 400, "not complete"),
     ):
