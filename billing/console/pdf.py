@@ -1,10 +1,13 @@
 """A document as PDF, laid out with ReportLab's platypus from the figures of :func:`billing.console.invoice.view`
-(the HTML page's too): A4, the issuer's block and the document's facts, the lines with totals, the reference
-data. The font is ReportLab's own Bitstream Vera, embedded, so that the file reads the same everywhere."""
+(the HTML page's too): A4, the seller's block and the document's facts, the buyer's block, the lines with totals,
+the tax by rate, the reference data. The font is ReportLab's own Bitstream Vera, embedded, so that the file reads
+the same everywhere."""
 
 from __future__ import annotations
 
 import io
+from collections.abc import Mapping, Sequence
+from typing import Any
 from xml.sax.saxutils import escape
 
 from reportlab.lib import colors
@@ -38,8 +41,8 @@ def _styles() -> dict[str, ParagraphStyle]:
     }
 
 
-def pdf(doc: Document) -> bytes:
-    """The document as a PDF file's bytes."""
+def pdf(doc: Document | Mapping[str, Any]) -> bytes:
+    """The document (or its JSON dict) as a PDF file's bytes."""
     shown = view(doc)
     styles = _styles()
     out = io.BytesIO()
@@ -47,7 +50,7 @@ def pdf(doc: Document) -> bytes:
         out,
         pagesize=A4,
         title=shown.title,
-        author=shown.issuer[0],
+        author=shown.seller[0],
         subject=f"{shown.title}, {shown.note}",
         leftMargin=18 * mm,
         rightMargin=18 * mm,
@@ -55,7 +58,13 @@ def pdf(doc: Document) -> bytes:
         bottomMargin=16 * mm,
     )
     page.build(
-        [*_head(shown, styles, page.width), Spacer(1, 8 * mm), _lines(shown, styles, page.width), *_foot(shown, styles)]
+        [
+            *_head(shown, styles, page.width),
+            Spacer(1, 8 * mm),
+            _lines(shown, styles, page.width),
+            *_taxes(shown, styles),
+            *_foot(shown, styles),
+        ]
     )
     return out.getvalue()
 
@@ -64,24 +73,33 @@ def _text(value: str, style: ParagraphStyle) -> Paragraph:
     return Paragraph(escape(value), style)
 
 
+def _party(heading: str, lines: Sequence[str], styles: dict[str, ParagraphStyle]) -> list[Flowable]:
+    """A party's block: its heading, then its name in bold and the rest of its lines."""
+    return [
+        _text(heading.upper(), styles["small"]),
+        _text(lines[0], styles["bold"]),
+        *(_text(line, styles["body"]) for line in lines[1:]),
+    ]
+
+
 def _head(shown: InvoiceView, styles: dict[str, ParagraphStyle], width: float) -> list[Flowable]:
-    issuer = [_text(shown.issuer[0], styles["bold"]), *(_text(line, styles["body"]) for line in shown.issuer[1:])]
+    """The seller's block beside the title and facts, the buyer's block below."""
     facts = Table(
         [[_text(name, styles["small"]), _text(value, styles["body"])] for name, value in shown.facts],
-        colWidths=[22 * mm, None],
+        colWidths=[26 * mm, None],
         style=TableStyle([("VALIGN", (0, 0), (-1, -1), "TOP"), ("LEFTPADDING", (0, 0), (-1, -1), 0)]),
     )
     head = Table(
-        [[issuer, [_text(shown.title, styles["title"]), facts]]],
+        [[_party("Seller", shown.seller, styles), [_text(shown.title, styles["title"]), facts]]],
         colWidths=[width * 0.5, width * 0.5],
         style=TableStyle([("VALIGN", (0, 0), (-1, -1), "TOP"), ("LEFTPADDING", (0, 0), (-1, -1), 0)]),
     )
-    return [head]
+    return [head, Spacer(1, 6 * mm), *_party("Buyer", shown.buyer, styles)]
 
 
 def _lines(shown: InvoiceView, styles: dict[str, ParagraphStyle], width: float) -> Table:
-    """The lines and totals: figures as plain right-aligned text in columns as wide as their widest, the product
-    column taking the rest (its names wrap); a smaller type where the figures would not fit otherwise."""
+    """The lines and totals: plain text (figures right-aligned) in columns as wide as their widest, the product
+    column taking the rest (its names wrap); a smaller type where the columns would not fit otherwise."""
     count = len(shown.columns)
     texts = [list(shown.columns), *(list(line) for line in shown.lines)]
     texts += [[name, *([""] * (count - 2)), value] for name, value in shown.totals]
@@ -108,7 +126,8 @@ def _lines(shown: InvoiceView, styles: dict[str, ParagraphStyle], width: float) 
                 ("FONT", (1, 0), (-1, 0), BOLD, size, body.leading),
                 ("FONT", (1, first_total), (-1, -1), BOLD, size, body.leading),
                 ("TEXTCOLOR", (0, 0), (-1, -1), INK),
-                ("ALIGN", (1, 0), (-1, -1), "RIGHT"),
+                *(("ALIGN", (i, 0), (i, -1), "RIGHT") for i, figure in enumerate(shown.numeric) if figure),
+                ("ALIGN", (-1, first_total), (-1, -1), "RIGHT"),
                 ("BACKGROUND", (0, 0), (-1, 0), SHADE),
                 ("LINEBELOW", (0, 0), (-1, -1), 0.4, RULE),
                 ("LINEABOVE", (0, first_total), (-1, first_total), 1, INK),
@@ -117,6 +136,29 @@ def _lines(shown: InvoiceView, styles: dict[str, ParagraphStyle], width: float) 
             ]
         ),
     )
+
+
+def _taxes(shown: InvoiceView, styles: dict[str, ParagraphStyle]) -> list[Flowable]:
+    """The tax by rate (rate, regions, taxable net, tax), where the document has it."""
+    if not shown.taxes:
+        return []
+    size, leading = styles["body"].fontSize, styles["body"].leading
+    table = Table(
+        [list(shown.tax_columns), *(list(entry) for entry in shown.taxes)],
+        hAlign="LEFT",
+        style=TableStyle(
+            [
+                ("FONT", (0, 0), (-1, -1), FONT, size, leading),
+                ("FONT", (0, 0), (-1, 0), BOLD, size, leading),
+                ("TEXTCOLOR", (0, 0), (-1, -1), INK),
+                ("ALIGN", (0, 0), (0, -1), "RIGHT"),
+                ("ALIGN", (2, 0), (-1, -1), "RIGHT"),
+                ("BACKGROUND", (0, 0), (-1, 0), SHADE),
+                ("LINEBELOW", (0, 0), (-1, -1), 0.4, RULE),
+            ]
+        ),
+    )
+    return [Spacer(1, 6 * mm), _text("Tax by rate", styles["bold"]), Spacer(1, 2 * mm), table]
 
 
 def _foot(shown: InvoiceView, styles: dict[str, ParagraphStyle]) -> list[Flowable]:

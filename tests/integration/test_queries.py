@@ -207,7 +207,9 @@ def test_billing_report_filters_and_html(store: Store, sql_url: str, tmp_path: P
     assert refused.returncode == 2 and "YYYY-MM" in refused.stderr
     reversed_range = _billing(sql_url, tmp_path, "report", "aggregates", "--from", "2026-03-31", "--to", "2026-03-01")
     assert reversed_range.returncode == 2 and reversed_range.stdout == ""
-    assert "from 2026-03-31 is after to 2026-03-01" in reversed_range.stderr and "Traceback" not in reversed_range.stderr
+    assert (
+        "from 2026-03-31 is after to 2026-03-01" in reversed_range.stderr and "Traceback" not in reversed_range.stderr
+    )
 
 
 @pytest.mark.postgres

@@ -210,10 +210,14 @@ def test_csv_quote_never_closed_names_the_line_its_row_starts(tmp_path: Path, fa
     quoted = 'q1,a,ts,p,"1\n2",\n'  # a quoted line break: the open row starts on the line after it
     line = before + 4
     to_end = HEADER + rows + quoted + 'o,a,"ts,p,1,\n' + "t,a,ts,p,1,\n" * 5
-    with pytest.raises(FileRefused, match=rf"^CSV line {line}: the row starting here has a quoted field that is never closed$"):
+    with pytest.raises(
+        FileRefused, match=rf"^CSV line {line}: the row starting here has a quoted field that is never closed$"
+    ):
         read(write(tmp_path, "end.csv", to_end), "csv", csv_fast=fast)
     past_limit = HEADER + rows + quoted + 'o,a,"ts,p,1,\n' + "t,a,ts,p,1,\n" * 20_000  # past csv's field limit too
-    with pytest.raises(FileRefused, match=rf"^CSV line {line}: .* quoted field not closed within the limit of 65536 bytes$"):
+    with pytest.raises(
+        FileRefused, match=rf"^CSV line {line}: .* quoted field not closed within the limit of 65536 bytes$"
+    ):
         read(write(tmp_path, "limit.csv", past_limit), "csv", csv_fast=fast)
     long_line = HEADER + rows + quoted + "o,a,ts,p,1," + "x" * 140_000 + "\n"
     with pytest.raises(FileRefused, match=rf"^CSV line {line}: a row is longer than the limit of 65536 bytes$"):
@@ -222,7 +226,9 @@ def test_csv_quote_never_closed_names_the_line_its_row_starts(tmp_path: Path, fa
 
 def test_csv_header_quote_never_closed_names_its_line(tmp_path: Path) -> None:
     data = '\n"transaction_id,account_id\nt,a\n'
-    with pytest.raises(FileRefused, match=r"^CSV line 2: the row starting here has a quoted field that is never closed$"):
+    with pytest.raises(
+        FileRefused, match=r"^CSV line 2: the row starting here has a quoted field that is never closed$"
+    ):
         read(write(tmp_path, "b.csv", data), "csv")
 
 
