@@ -27,7 +27,7 @@ TITLES = {"invoice": "Invoice", "credit_note": "Credit note", "debit_note": "Deb
 NOT_RECORDED = ("not recorded",)
 TAX_COLUMNS = ("rate", "regions", "taxable net", "tax")
 #: How many characters of a price book's hash name it on a line.
-HASH_SHOWN = 12
+HASH_SHOWN = 8
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ from typing import Any
 from xml.sax.saxutils import escape
 
 from reportlab.lib import colors
+from reportlab.lib.enums import TA_RIGHT
 from reportlab.lib.pagesizes import A4
 from reportlab.lib.styles import ParagraphStyle
 from reportlab.lib.units import mm
@@ -98,14 +99,20 @@ def _head(shown: InvoiceView, styles: dict[str, ParagraphStyle], width: float) -
 
 
 def _lines(shown: InvoiceView, styles: dict[str, ParagraphStyle], width: float) -> Table:
-    """The lines and totals: plain text (figures right-aligned) in columns as wide as their widest, the product
-    column taking the rest (its names wrap); a smaller type where the columns would not fit otherwise."""
+    """The lines and totals: plain text (figures right-aligned) in columns as wide as their widest value (their
+    headings wrap), the product column taking the rest (its names wrap too); a smaller type where the columns would
+    not fit otherwise."""
     count = len(shown.columns)
     texts = [list(shown.columns), *(list(line) for line in shown.lines)]
     texts += [[name, *([""] * (count - 2)), value] for name, value in shown.totals]
 
+    def widest(text: str, size: float, whole: bool) -> float:
+        return max(
+            float(pdfmetrics.stringWidth(part, BOLD, size)) for part in ([text] if whole else text.split() or [""])
+        )
+
     def figure_widths(size: float) -> list[float]:
-        return [max(pdfmetrics.stringWidth(row[i], BOLD, size) for row in texts) + 4 * mm for i in range(1, count)]
+        return [max(widest(row[i], size, n > 0) for n, row in enumerate(texts)) + 5 * mm for i in range(1, count)]
 
     size = styles["body"].fontSize
     room = width - PRODUCT_WIDTH
@@ -113,8 +120,10 @@ def _lines(shown: InvoiceView, styles: dict[str, ParagraphStyle], width: float) 
         size *= room / sum(figure_widths(size))
     body = ParagraphStyle("cell", parent=styles["body"], fontSize=size, leading=size * 1.3)
     bold = ParagraphStyle("cell-bold", parent=body, fontName=BOLD)
+    heading = ParagraphStyle("cell-heading", parent=bold, alignment=TA_RIGHT)
     first_total = len(texts) - len(shown.totals)
     rows = [[_text(row[0], body if 0 < n < first_total else bold), *row[1:]] for n, row in enumerate(texts)]
+    rows[0][1:] = [_text(name, heading if shown.numeric[i] else bold) for i, name in enumerate(texts[0]) if i]
     numbers = figure_widths(size)
     return Table(
         rows,
