@@ -37,12 +37,43 @@ class LineOut(BaseModel):
     tax: int = Field(description=MONEY)
     total: int = Field(description=MONEY)
     batches: list[str] = Field(description="the batches whose rows changed this line")
+    unit: str | None = Field(None, description="the price book's unit of the product")
+    unit_price: str | None = Field(None, description="decimal text, as in the price book that rated the rows")
+    offpeak_unit_price: str | None = Field(None, description="decimal text")
+    pricebook: str | None = Field(None, description="SHA-256 of the price book that rated the line's rows")
+
+
+class PartyOut(BaseModel):
+    """A party as the document keeps it (a snapshot taken at issue)."""
+
+    name: str
+    address: str
+    country: str = Field(description="ISO 3166-1 alpha-2")
+    tax_id: str | None = None
+
+
+class CustomerOut(PartyOut):
+    account_id: str
+
+
+class ServicePeriodOut(BaseModel):
+    start: str = Field(alias="from", description="the period's first UTC day, ISO 8601")
+    to: str = Field(description="the period's last UTC day, ISO 8601")
+
+
+class TaxOut(BaseModel):
+    """The document's changes at one tax rate."""
+
+    rate: str = Field(description="decimal text (0.2 is 20 %)")
+    regions: list[str]
+    net: int = Field(description="the taxable amount; " + MONEY)
+    tax: int = Field(description=MONEY)
 
 
 class DifferenceOut(BaseModel):
     """What the next close would issue for one account and currency (signed)."""
 
-    kind: Literal["invoice", "adjustment"]
+    kind: Literal["invoice", "credit_note", "debit_note", "adjustment"]
     period: str
     account_id: str
     currency: str
@@ -59,6 +90,15 @@ class DocumentOut(DifferenceOut):
     issued_at: str = Field(description="ISO 8601, UTC")
     pricebooks: list[str] = Field(description="SHA-256 of the price books its lines were rated with")
     tax_tables: list[str] = Field(description="SHA-256 of the tax tables its lines were rated with")
+    # Part 3 (absent from documents issued before it: left out of the JSON, not null)
+    display_number: str | None = Field(None, description="the seller's prefix and the number padded to 6 digits")
+    corrects: list[int] | None = Field(None, description="a note's earlier documents of its account, period, currency")
+    corrected_by: list[int] | None = Field(None, description="an invoice's (or note's) later notes")
+    seller: PartyOut | None = None
+    customer: CustomerOut | None = Field(None, description="null: the account had no customer record")
+    service_period: ServicePeriodOut | None = None
+    due_date: str | None = Field(None, description="ISO 8601 date")
+    taxes: list[TaxOut] | None = Field(None, description="one entry per tax rate; they add up to net and tax")
 
 
 class PeriodOut(BaseModel):
@@ -74,7 +114,12 @@ class Closed(BaseModel):
     message: str
 
 
-@router.get("/documents", response_model=list[DocumentOut], summary="Issued documents by number, under filters")
+@router.get(
+    "/documents",
+    response_model=list[DocumentOut],
+    summary="Issued documents by number, under filters",
+    response_model_exclude_unset=True,
+)
 def list_documents(
     response: Response,
     store: StoreDep,
@@ -94,7 +139,9 @@ def list_documents(
     return [doc.to_json_dict() for doc in found]
 
 
-@router.get("/documents/{number}", response_model=DocumentOut, summary="One document")
+@router.get(
+    "/documents/{number}", response_model=DocumentOut, summary="One document", response_model_exclude_unset=True
+)
 def one_document(store: StoreDep, number: Number) -> dict[str, Any]:
     return _document(store, number).to_json_dict()
 
@@ -120,12 +167,22 @@ def _document(store: Store, number: int) -> Document:
     return found
 
 
-@router.get("/periods", response_model=list[PeriodOut], summary="Billing periods, newest first: state, pending")
+@router.get(
+    "/periods",
+    response_model=list[PeriodOut],
+    summary="Billing periods, newest first: state, pending",
+    response_model_exclude_unset=True,
+)
 def list_periods(store: StoreDep) -> list[dict[str, Any]]:
     return [period.to_json_dict() for period in store.periods()]
 
 
-@router.get("/periods/{period}", response_model=PeriodOut, summary="One billing period: state, pending difference")
+@router.get(
+    "/periods/{period}",
+    response_model=PeriodOut,
+    summary="One billing period: state, pending difference",
+    response_model_exclude_unset=True,
+)
 def one_period(store: StoreDep, period: PeriodName) -> dict[str, Any]:
     return period_state(store, period).to_json_dict()
 
@@ -147,6 +204,7 @@ def csrf(request: Request) -> JSONResponse:
 @router.post(
     "/periods/{period}/close",
     response_model=Closed,
+    response_model_exclude_unset=True,
     summary="Close a period (console token and CSRF): issue its documents, as `billing close` does",
     responses={400: {"description": "malformed or future period"}, 403: {"description": "token or CSRF refused"}},
 )

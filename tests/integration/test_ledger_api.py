@@ -22,11 +22,13 @@ from fastapi.testclient import TestClient
 
 from billing.client import VOIDED
 from billing.console.app import create_app
+from billing.console.ledger_api import DocumentOut
 from shared.rules.reference import money
 from shared.messaging.storage import Storage
 from shared.settings import Settings
 from store import Store
 from store.schema import batches, counters
+from support.documents import CORRECTED, CREDIT, OLD
 from support.records import manifest, partial, result
 
 TOKEN = "ledger-test-token"
@@ -241,3 +243,10 @@ def test_a_close_and_a_void_through_the_api_change_the_ledger_as_the_cli_does(
         assert [d["kind"] for d in ledger_state(api_store)["documents"]] == ["invoice", "invoice", "adjustment"]
         listed = json.loads(_cli(settings_env, by_api, "documents", "list", "--format", "json").stdout)
         assert listed == TestClient(create_app(settings_env, api_store)).get("/api/documents").json()
+
+
+@pytest.mark.parametrize("doc", [CREDIT, CORRECTED, OLD], ids=["credit-note", "corrected-invoice", "before-part-3"])
+def test_the_api_passes_a_document_s_json_through_whole(doc: dict[str, Any]) -> None:
+    """What the API's response model keeps of a document is its JSON, every Part 3 key included; a document issued
+    before Part 3 keeps none it lacks (no nulls added)."""
+    assert DocumentOut.model_validate(doc).model_dump(by_alias=True, exclude_unset=True) == doc

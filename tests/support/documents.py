@@ -100,5 +100,5 @@ OLD = {
 } | {
     "number": 2,
     "kind": "adjustment",
-    "lines": [{k: v for k, v in CREDIT["lines"][2].items() if k not in ("unit", "unit_price", "offpeak_unit_price")}],
+    "lines": [{k: v for k, v in CREDIT["lines"][2].items() if k not in ("unit", "unit_price", "offpeak_unit_price", "pricebook")}],
 }
