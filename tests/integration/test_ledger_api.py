@@ -23,8 +23,8 @@ from fastapi.testclient import TestClient
 from billing.client import VOIDED
 from billing.console.app import create_app
 from billing.console.ledger_api import DocumentOut
-from shared.rules.reference import money
 from shared.messaging.storage import Storage
+from shared.rules.reference import money
 from shared.settings import Settings
 from store import Store
 from store.schema import batches, counters

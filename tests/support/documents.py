@@ -100,5 +100,11 @@ OLD = {
 } | {
     "number": 2,
     "kind": "adjustment",
-    "lines": [{k: v for k, v in CREDIT["lines"][2].items() if k not in ("unit", "unit_price", "offpeak_unit_price", "pricebook")}],
+    "lines": [
+        {
+            k: v
+            for k, v in CREDIT["lines"][2].items()
+            if k not in ("unit", "unit_price", "offpeak_unit_price", "pricebook")
+        }
+    ],
 }

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import io
 import itertools
-import re
 from pathlib import Path
 
 import numpy as np

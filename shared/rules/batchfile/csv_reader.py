@@ -126,13 +126,15 @@ class _CsvReader:
             records = min(_CSV_BATCH_ROWS, self._chunk_rows + self._done - self._rows)
             if quota is not None and not (records := min(records, quota())):
                 return
-            # ``read`` keeps the reader's line count after the last whole row: where a row that fails starts.
+            # ``read`` keeps the reader's line count after the last whole row (zip reads it after each row): where a
+            # row that fails starts.
             flat: list[str] = []
             ends: list[int] = []
             read = deque([reader.line_num], maxlen=1)
-            lengths = map(len, map(flat.__iadd__, itertools.islice(reader, records)))
+            rows = map(len, map(flat.__iadd__, itertools.islice(reader, records)))
+            lines = map(read.append, map(_LINE_NUM, itertools.repeat(reader)))
             try:
-                ends.extend(map(operator.itemgetter(0), zip(lengths, map(read.append, map(_LINE_NUM, _each(reader))))))
+                ends.extend(map(operator.itemgetter(0), zip(rows, lines, strict=False)))
             except (csv.Error, BadByte) as exc:
                 self._batch(flat, ends)  # a row before the error may be too long: the first problem wins
                 if isinstance(exc, BadByte):
@@ -229,11 +231,6 @@ class _CsvReader:
             yield rows.slice(0, self._chunk_rows)
             self._done += self._chunk_rows
             self._pending = [rows.slice(self._chunk_rows)] if rows.num_rows > self._chunk_rows else []
-
-
-def _each(reader: _csv.Reader) -> Iterator[_csv.Reader]:
-    """The reader, again and again (its line count read after each of its rows)."""
-    return itertools.repeat(reader)
 
 
 def _ragged_columns(
