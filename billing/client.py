@@ -25,7 +25,7 @@ from shared.messaging.storage import Storage
 from shared.messaging.tally import Tally, tallying
 from shared.messaging.triggers import trigger_bus
 from shared.refstore import PRICEBOOK, TAXES, ReferenceSet, ReferenceStore
-from shared.rules.batchfile import detect_format, line_blocks, read_chunks
+from shared.rules.batchfile import UNCLOSED_QUOTE, detect_format, line_blocks, read_chunks
 from shared.rules.reference import load_price_book, load_tax_table
 from shared.settings import Settings
 from shared.submissions import REQUESTED, VOIDED, request_metadata, send_request
@@ -54,6 +54,29 @@ class Submission:
     fmt: str
     duplicate: bool  # the batch id had been submitted before; nothing changed
     requests: dict[str, int]  # storage requests the submission made, by kind
+
+
+@dataclass(frozen=True)
+class Turn:
+    """A submission's place among files submitted together: its request goes out once the one before it went out
+    (or that submission ended without one), so the initiator takes the batches, and numbers them, in the order
+    given, however long each upload takes."""
+
+    before: asyncio.Event | None = None
+    done: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
+
+    @classmethod
+    def chain(cls, count: int) -> list[Turn]:
+        """``count`` turns, each after the one before it."""
+        turns: list[Turn] = []
+        for _ in range(count):
+            turns.append(cls(turns[-1].done if turns else None))
+        return turns
+
+    async def wait(self) -> None:
+        """Until the submission before this one has sent its request or ended."""
+        if self.before is not None:
+            await self.before.wait()
 
 
 def check_batch_id(batch_id: str) -> None:
@@ -87,7 +110,7 @@ def check_head(path: Path, fmt: str) -> None:
             pass
     except FileRefused as exc:
         # A cut inside a quoted field is the cut's doing, not the file's.
-        if whole or "unexpected end of data" not in str(exc):
+        if whole or UNCLOSED_QUOTE not in str(exc):
             raise
 
 
@@ -98,9 +121,11 @@ async def submit(
     batch_id: str | None = None,
     pricebook: Path | None = None,
     taxes: Path | None = None,
+    turn: Turn | None = None,
 ) -> Submission:
     """Check ``path`` and hand it over: inbox blob, reference data, batch request message. The price book and
-    tax table not given are the registered set's (:func:`register`); with none registered it is refused."""
+    tax table not given are the registered set's (:func:`register`); with none registered it is refused. With a
+    ``turn``, the request goes out in it (the caller marks the turn done when this returns or raises)."""
     if batch_id is not None:
         check_batch_id(batch_id)
     size = path.stat().st_size
@@ -142,6 +167,8 @@ async def submit(
                 if await container.get_blob_client(VOIDED.format(batch_id)).exists():
                     raise InputError(f"batch {batch_id} was voided: submit a corrected file under an id of its own")
                 return Submission(batch_id, fmt, duplicate=True, requests=storage.counter.snapshot())
+            if turn is not None:
+                await turn.wait()
             await send_request(storage, settings, dataclasses.replace(request, uploaded_at=datetime.now(UTC)))
             await announce(settings, storage)
             return Submission(batch_id, fmt, duplicate=False, requests=storage.counter.snapshot())

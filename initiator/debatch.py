@@ -34,7 +34,7 @@ from shared import inbox
 from shared.errors import FileRefused
 from shared.inbox import Frame, Part
 from shared.messages import REPEATS_SCHEMA
-from shared.rules.batchfile import line_count, read_chunks
+from shared.rules.batchfile import UNCLOSED_QUOTE, line_count, read_chunks
 from shared.rules.bloom import IdFilter
 from shared.rules.duplicates import FirstOccurrences
 from shared.rules.schemas import IDS_SCHEMA
@@ -42,7 +42,7 @@ from shared.wire import encode_table
 
 #: What a CSV reader says of a part that ends inside a record (a quoted line break across frames), or
 #: before the header record ends: with more of the file to come, the part goes on with the next frame.
-_UNFINISHED = ("unexpected end of data", "CSV has no header row")
+_UNFINISHED = (UNCLOSED_QUOTE, "CSV has no header row")
 
 
 @dataclass(frozen=True)

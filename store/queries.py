@@ -52,8 +52,8 @@ PERIOD_PATTERN = r"^([0-9]{3}[1-9]|[0-9]{2}[1-9][0-9]|[0-9][1-9][0-9]{2}|[1-9][0
 
 @dataclass(frozen=True)
 class Filters:
-    """What to count. Empty tuples mean "any"; ``start``/``end`` are billing days, both inclusive;
-    ``period`` (``YYYY-MM``) narrows the days to that month."""
+    """What to count. Empty tuples mean "any"; ``start``/``end`` are billing days, both inclusive (``start`` after
+    ``end`` is refused); ``period`` (``YYYY-MM``) narrows the days to that month."""
 
     accounts: tuple[str, ...] = ()
     products: tuple[str, ...] = ()
@@ -66,6 +66,8 @@ class Filters:
     def __post_init__(self) -> None:
         if self.period is not None and not re.fullmatch(PERIOD_PATTERN, self.period):
             raise ValueError(f"billing period {self.period!r} is not YYYY-MM")
+        if self.start is not None and self.end is not None and self.start > self.end:
+            raise ValueError(f"the range is reversed: from {self.start} is after to {self.end}")
 
     @property
     def days(self) -> tuple[date | None, date | None]:

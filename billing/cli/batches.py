@@ -38,7 +38,8 @@ def submit(
     wait: bool,
     timeout: float | None,
 ) -> None:
-    """Submit batch files (CSV, JSON Lines or Parquet), each a batch of its own, all at once.
+    """Submit batch files (CSV, JSON Lines or Parquet), each a batch of its own, all at once, numbered in the order
+    given.
 
     A file refused is reported on a line of its own (exit status 2 at the end); the others go on."""
     if batch_id is not None and len(files) > 1:
@@ -84,11 +85,18 @@ def submit(
 async def _submit_all(
     settings: Settings, files: tuple[Path, ...], **options: Any
 ) -> list[client.Submission | BillingError]:
-    """Every file's submission at once: its outcome, or why it was refused (anything else is raised)."""
+    """Every file's submission at once, their requests sent in the order given (so numbered in that order): its
+    outcome, or why it was refused (anything else is raised)."""
     from .. import client
 
-    submissions = (client.submit(settings, file, **options) for file in files)
-    outcomes = await asyncio.gather(*submissions, return_exceptions=True)
+    async def submission(file: Path, turn: client.Turn) -> client.Submission:
+        try:
+            return await client.submit(settings, file, turn=turn, **options)
+        finally:
+            turn.done.set()
+
+    turns = client.Turn.chain(len(files))
+    outcomes = await asyncio.gather(*map(submission, files, turns), return_exceptions=True)
     for outcome in outcomes:
         if isinstance(outcome, BaseException) and not isinstance(outcome, BillingError):
             raise outcome

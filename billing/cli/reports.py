@@ -51,8 +51,8 @@ def report(
 
     try:
         filters = Filters(accounts, products, currencies, batch_ids, start and start.date(), end and end.date(), period)
-    except ValueError as exc:
-        raise click.BadParameter(str(exc), param_hint="--period") from exc
+    except ValueError as exc:  # a malformed period, a reversed range
+        raise click.UsageError(str(exc)) from exc
     one_batch = batch_ids[0] if len(batch_ids) == 1 and filters == Filters(batches=batch_ids) else None
     settings = Settings()
     with open_store(settings) as store:

@@ -112,7 +112,10 @@ def filters(
     ):
         if any(re.fullmatch(pattern, value) is None for value in values):
             raise HTTPException(422, f"{name}: every value must match {pattern}")
-    return Filters(tuple(account), tuple(product), tuple(currency), tuple(batch), start, end, period)
+    try:
+        return Filters(tuple(account), tuple(product), tuple(currency), tuple(batch), start, end, period)
+    except ValueError as exc:  # a reversed range
+        raise HTTPException(422, str(exc)) from exc
 
 
 FiltersDep = Annotated[Filters, Depends(filters)]

@@ -25,6 +25,8 @@ MAX_NUMBER = 2**63 - 1
 DOCUMENT_PAGE = 1000
 Number = Annotated[int, Path(ge=1, le=MAX_NUMBER, description="the document's number")]
 PeriodName = Annotated[str, Path(pattern=PERIOD_PATTERN, description="YYYY-MM")]
+#: A period to close: the close refuses a malformed one itself (400, one line), as ``billing close`` does.
+ClosingPeriod = Annotated[str, Path(max_length=64, description="YYYY-MM")]
 
 
 class LineOut(BaseModel):
@@ -35,6 +37,37 @@ class LineOut(BaseModel):
     tax: int = Field(description=MONEY)
     total: int = Field(description=MONEY)
     batches: list[str] = Field(description="the batches whose rows changed this line")
+    unit: str | None = Field(None, description="the price book's unit of the product")
+    unit_price: str | None = Field(None, description="decimal text, as in the price book that rated the rows")
+    offpeak_unit_price: str | None = Field(None, description="decimal text")
+    pricebook: str | None = Field(None, description="SHA-256 of the price book that rated the line's rows")
+
+
+class PartyOut(BaseModel):
+    """A party as the document keeps it (a snapshot taken at issue)."""
+
+    name: str
+    address: str
+    country: str = Field(description="ISO 3166-1 alpha-2")
+    tax_id: str | None = None
+
+
+class CustomerOut(PartyOut):
+    account_id: str
+
+
+class ServicePeriodOut(BaseModel):
+    start: str = Field(alias="from", description="the period's first UTC day, ISO 8601")
+    to: str = Field(description="the period's last UTC day, ISO 8601")
+
+
+class TaxOut(BaseModel):
+    """The document's changes at one tax rate."""
+
+    rate: str = Field(description="decimal text (0.2 is 20 %)")
+    regions: list[str]
+    net: int = Field(description="the taxable amount; " + MONEY)
+    tax: int = Field(description=MONEY)
 
 
 Kind = Literal["invoice", "credit_note", "debit_note"]
@@ -50,43 +83,27 @@ class DifferenceOut(BaseModel):
     net: int = Field(description=MONEY)
     tax: int = Field(description=MONEY)
     total: int = Field(description=MONEY)
-    corrects: list[int] = Field(description="a note's earlier documents of its account, period and currency")
+    corrects: list[int] = Field(
+        default_factory=list, description="a note's earlier documents of its account, period and currency"
+    )
     lines: list[LineOut]
-
-
-class SellerOut(BaseModel):
-    name: str
-    address: str
-    country: str = Field(description="ISO 3166-1 alpha-2")
-    tax_id: str
-
-
-class CustomerOut(BaseModel):
-    account_id: str
-    name: str
-    address: str
-    country: str = Field(description="ISO 3166-1 alpha-2")
-    tax_id: str | None
-
-
-class ServicePeriodOut(BaseModel):
-    from_: str = Field(alias="from", description="the period's first UTC day")
-    to: str = Field(description="the period's last UTC day")
 
 
 class DocumentOut(DifferenceOut):
     """An issued document, never changed (``corrected_by`` grows as notes correct it)."""
 
     number: int
-    display_number: str = Field(description="the seller's prefix and the number padded to 6 digits")
     issued_at: str = Field(description="ISO 8601, UTC")
-    due_date: str | None = Field(description="ISO date; null for documents issued before payment terms existed")
-    service_period: ServicePeriodOut
-    seller: SellerOut | None = Field(description="as at issue; null for documents issued before parties existed")
-    customer: CustomerOut | None = Field(description="as at issue; null: no customer record (the buyer is the account)")
-    corrected_by: list[int] = Field(description="the later notes of its account, period and currency")
     pricebooks: list[str] = Field(description="SHA-256 of the price books its lines were rated with")
     tax_tables: list[str] = Field(description="SHA-256 of the tax tables its lines were rated with")
+    # Part 3 (absent from documents issued before it: left out of the JSON, not null)
+    display_number: str | None = Field(None, description="the seller's prefix and the number padded to 6 digits")
+    corrected_by: list[int] | None = Field(None, description="an invoice's (or note's) later notes")
+    seller: PartyOut | None = Field(None, description="as at issue; null for documents issued before parties existed")
+    customer: CustomerOut | None = Field(None, description="null: the account had no customer record")
+    service_period: ServicePeriodOut | None = None
+    due_date: str | None = Field(None, description="ISO 8601 date")
+    taxes: list[TaxOut] | None = Field(None, description="one entry per tax rate; they add up to net and tax")
 
 
 class PeriodOut(BaseModel):
@@ -102,7 +119,12 @@ class Closed(BaseModel):
     message: str
 
 
-@router.get("/documents", response_model=list[DocumentOut], summary="Issued documents by number, under filters")
+@router.get(
+    "/documents",
+    response_model=list[DocumentOut],
+    summary="Issued documents by number, under filters",
+    response_model_exclude_unset=True,
+)
 def list_documents(
     response: Response,
     store: StoreDep,
@@ -122,7 +144,9 @@ def list_documents(
     return [doc.to_json_dict() for doc in found]
 
 
-@router.get("/documents/{number}", response_model=DocumentOut, summary="One document")
+@router.get(
+    "/documents/{number}", response_model=DocumentOut, summary="One document", response_model_exclude_unset=True
+)
 def one_document(store: StoreDep, number: Number) -> dict[str, Any]:
     return _document(store, number).to_json_dict()
 
@@ -148,12 +172,22 @@ def _document(store: Store, number: int) -> Document:
     return found
 
 
-@router.get("/periods", response_model=list[PeriodOut], summary="Billing periods, newest first: state, pending")
+@router.get(
+    "/periods",
+    response_model=list[PeriodOut],
+    summary="Billing periods, newest first: state, pending",
+    response_model_exclude_unset=True,
+)
 def list_periods(store: StoreDep) -> list[dict[str, Any]]:
     return [period.to_json_dict() for period in store.periods()]
 
 
-@router.get("/periods/{period}", response_model=PeriodOut, summary="One billing period: state, pending difference")
+@router.get(
+    "/periods/{period}",
+    response_model=PeriodOut,
+    summary="One billing period: state, pending difference",
+    response_model_exclude_unset=True,
+)
 def one_period(store: StoreDep, period: PeriodName) -> dict[str, Any]:
     return period_state(store, period).to_json_dict()
 
@@ -175,6 +209,7 @@ def csrf(request: Request) -> JSONResponse:
 @router.post(
     "/periods/{period}/close",
     response_model=Closed,
+    response_model_exclude_unset=True,
     summary="Close a period (console token and CSRF): issue its documents, as `billing close` does",
     responses={
         400: {"description": "malformed or not ended period, no seller, or (require_customers) a customer missing"},
@@ -185,7 +220,7 @@ async def close_period(
     request: Request,
     store: StoreDep,
     settings: SettingsDep,
-    period: PeriodName,
+    period: ClosingPeriod,
     token: guard.Token = "",
     csrf: guard.Csrf = "",
     require_customers: Annotated[

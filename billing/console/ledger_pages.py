@@ -6,12 +6,13 @@ a token is configured."""
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Iterable
 from typing import Annotated, Any
 
 from fastapi import APIRouter, HTTPException, Path, Query, Request
 from fastapi.responses import HTMLResponse, RedirectResponse
 
-from store import Period
+from store import BatchState, Period, Store
 
 from . import guard, invoice, ledger_api, render
 from .api import ID_PATTERN, SettingsDep, StoreDep
@@ -23,14 +24,30 @@ Count = Annotated[int | None, Query(ge=0, le=10**9)]
 
 
 def pending_totals(period: Period) -> list[dict[str, Any]]:
-    """The pending difference summed per currency: documents, net, tax, total (minor units)."""
-    sums: dict[str, dict[str, Any]] = defaultdict(lambda: {"documents": 0, "net": 0, "tax": 0, "total": 0})
+    """The pending difference summed per currency: documents (and how many of each kind, in kind order), net, tax,
+    total (minor units)."""
+    sums: dict[str, dict[str, Any]] = defaultdict(
+        lambda: {"documents": 0, "kinds": defaultdict(int), "net": 0, "tax": 0, "total": 0}
+    )
     for difference in period.pending:
         of_currency, money = sums[difference.currency], difference.sums
         of_currency["documents"] += 1
+        of_currency["kinds"][difference.kind] += 1
         for measure in ("net", "tax", "total"):
             of_currency[measure] += getattr(money, measure)
-    return [{"currency": currency, **values} for currency, values in sorted(sums.items())]
+    return [
+        {
+            "currency": currency,
+            **values,
+            "kinds": sorted(values["kinds"].items(), key=lambda kind: _kind_order(kind[0])),
+        }
+        for currency, values in sorted(sums.items())
+    ]
+
+
+def _kind_order(kind: str) -> tuple[int, str]:
+    """Kinds in the order of :data:`~billing.console.invoice.TITLES`, any other after them."""
+    return (list(invoice.TITLES).index(kind) if kind in invoice.TITLES else len(invoice.TITLES), kind)
 
 
 @router.get("/periods")
@@ -63,7 +80,7 @@ async def close_action(
     request: Request,
     store: StoreDep,
     settings: SettingsDep,
-    period: PeriodName,
+    period: ledger_api.ClosingPeriod,
     token: guard.Token = "",
     csrf: guard.Csrf = "",
 ) -> RedirectResponse:
@@ -77,7 +94,15 @@ def document_page(request: Request, store: StoreDep, settings: SettingsDep, numb
     found = store.document(number)
     if found is None:
         raise HTTPException(404, f"no document numbered {number}")
-    return guard.form_page(request, settings, invoice.html, found)
+    return guard.form_page(
+        request, settings, invoice.html, found, voidable=voidable(store, invoice.view(found).batches)
+    )
+
+
+def voidable(store: Store, batch_ids: Iterable[str]) -> frozenset[str]:
+    """Of these batches, those a void would take: complete and not voided (a voided one shows no void button)."""
+    statuses = (store.batch(batch_id) for batch_id in batch_ids)
+    return frozenset(s.batch_id for s in statuses if s is not None and s.state == BatchState.complete and not s.voided)
 
 
 @router.post("/batches/{batch_id}/void")

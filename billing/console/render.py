@@ -40,7 +40,12 @@ def when(value: datetime | str | None) -> str:
     return moment.strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
-ENVIRONMENT.filters.update(money=money, when=when)
+def kind_label(kind: str) -> str:
+    """A document kind as words (``credit_note`` -> ``credit note``)."""
+    return kind.replace("_", " ")
+
+
+ENVIRONMENT.filters.update(money=money, when=when, kind_label=kind_label)
 
 
 def page(template: str, **context: Any) -> str:

@@ -66,6 +66,10 @@ def test_invoices_across_batches_with_paging(client: TestClient) -> None:
     assert named["excluded"] == [{"batch_id": "b3", "state": "processing"}]
     assert client.get("/api/invoices", params={"period": "2026-13"}).status_code == 422
     assert client.get("/api/aggregates", params={"account": "<script>"}).status_code == 422
+    backwards = client.get("/api/aggregates", params={"from": "2026-03-31", "to": "2026-03-01"})
+    assert backwards.status_code == 422 and backwards.json()["detail"] == (
+        "the range is reversed: from 2026-03-31 is after to 2026-03-01"
+    )
 
 
 def test_batches_and_one_batch(client: TestClient) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -22,10 +23,13 @@ from fastapi.testclient import TestClient
 
 from billing.client import VOIDED
 from billing.console.app import create_app
+from billing.console.ledger_api import DocumentOut
 from shared.messaging.storage import Storage
+from shared.rules.reference import money
 from shared.settings import Settings
 from store import Store
 from store.schema import batches, counters
+from support.documents import CORRECTED, CREDIT, OLD
 from support.ledger import with_seller
 from support.records import manifest, partial, result
 
@@ -138,6 +142,17 @@ def test_documents_periods_and_the_pending_difference(client: TestClient, store:
         page = client.get(path)
         assert page.status_code == 200 and shown in page.text, path
         assert "<form" not in page.text, "read-only without a token"
+    march_row = re.search(r'<tr data-period="2026-03".*?</tr>', client.get("/periods").text, re.DOTALL)
+    assert march_row is not None
+    for pending in march["pending"]:  # each labelled by its own kind, not by the period's state
+        label = f"1 {pending['kind'].replace('_', ' ')}(s): {money(pending['total'], pending['currency'])}"
+        assert label in march_row.group(), (label, march_row.group())
+    late_batch = client.get("/batches/b3").text
+    b3 = store.batch("b3")
+    assert b3 is not None and b3.seq is not None and b3.late == {"2026-03": 1}
+    assert f'<dd id="seq">{b3.seq}</dd>' in late_batch
+    assert '<span class="nowrap" data-period="2026-03">1 of 2026-03</span>' in late_batch
+    assert '<dd id="late">none</dd>' in client.get("/batches/b1").text
     second = [d.to_json_dict() for d in store.close_period("2026-03")]
     assert [{k: v for k, v in d.items() if k in march["pending"][0]} for d in second] == march["pending"]
     assert client.get("/api/periods/2026-03").json()["pending"] == []
@@ -166,6 +181,8 @@ def test_close_and_void_need_the_token_and_csrf_and_are_refused_as_the_cli_refus
     for path, status, words in (
         ("/api/periods/2999-01/close", 400, "in the future"),
         (f"/api/periods/{datetime.now(UTC):%Y-%m}/close", 400, "has not ended"),
+        ("/api/periods/2026-3/close", 400, "YYYY-MM"),
+        ("/periods/2026-13/close", 400, "YYYY-MM"),
         ("/api/batches/nope/void", 400, "unknown"),
         ("/api/batches/running/void", 400, "not complete"),
     ):
@@ -193,7 +210,10 @@ def test_close_and_void_need_the_token_and_csrf_and_are_refused_as_the_cli_refus
     assert [d.kind for d in store.documents()] == ["invoice", "invoice", "credit_note"], "b2's credit"
     shown = client.get("/periods/2026-03?issued=1").text
     assert "Closed: 1 document(s) issued." in shown and 'action="/periods/2026-03/close"' in shown
-    assert 'action="/batches/b1/void"' in client.get("/documents/1").text
+    document = client.get("/documents/1").text
+    assert 'action="/batches/b1/void"' in document and 'href="/batches/b2"' in document
+    assert 'action="/batches/b2/void"' not in document, "b2 is voided: no void button"
+    assert 'action="/batches/b2/void"' not in client.get("/batches/b2").text
 
 
 def _cli(settings: Settings, sql_url: str, *args: str) -> subprocess.CompletedProcess[str]:
@@ -230,3 +250,10 @@ def test_a_close_and_a_void_through_the_api_change_the_ledger_as_the_cli_does(
         assert [d["kind"] for d in ledger_state(api_store)["documents"]] == ["invoice", "invoice", "credit_note"]
         listed = json.loads(_cli(settings_env, by_api, "documents", "list", "--format", "json").stdout)
         assert listed == TestClient(create_app(settings_env, api_store)).get("/api/documents").json()
+
+
+@pytest.mark.parametrize("doc", [CREDIT, CORRECTED, OLD], ids=["credit-note", "corrected-invoice", "before-part-3"])
+def test_the_api_passes_a_document_s_json_through_whole(doc: dict[str, Any]) -> None:
+    """What the API's response model keeps of a document is its JSON, every Part 3 key included; a document issued
+    before Part 3 keeps none it lacks (no nulls added)."""
+    assert DocumentOut.model_validate(doc).model_dump(by_alias=True, exclude_unset=True) == doc

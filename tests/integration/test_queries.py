@@ -133,6 +133,9 @@ def test_filters_sums_and_order(store: Store) -> None:
 def test_invalid_period_is_refused() -> None:
     with pytest.raises(ValueError, match="YYYY-MM"):
         Filters(period="2026-3")
+    with pytest.raises(ValueError, match="reversed: from 2026-03-31 is after to 2026-03-01"):
+        Filters(start=date(2026, 3, 31), end=date(2026, 3, 1))
+    assert Filters(start=date(2026, 3, 1), end=date(2026, 3, 1)).days == (date(2026, 3, 1), date(2026, 3, 1))
 
 
 def test_the_report_indexes_exist(store: Store) -> None:
@@ -201,7 +204,12 @@ def test_billing_report_filters_and_html(store: Store, sql_url: str, tmp_path: P
     assert "<img" not in rejects.read_text() and list(reports.rejects(store, "evil")["raw"]) == [HOSTILE]
 
     refused = _billing(sql_url, tmp_path, "report", "invoices", "--period", "March")
-    assert refused.returncode != 0 and "YYYY-MM" in refused.stderr
+    assert refused.returncode == 2 and "YYYY-MM" in refused.stderr
+    reversed_range = _billing(sql_url, tmp_path, "report", "aggregates", "--from", "2026-03-31", "--to", "2026-03-01")
+    assert reversed_range.returncode == 2 and reversed_range.stdout == ""
+    assert (
+        "from 2026-03-31 is after to 2026-03-01" in reversed_range.stderr and "Traceback" not in reversed_range.stderr
+    )
 
 
 @pytest.mark.postgres

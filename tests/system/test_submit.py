@@ -13,11 +13,13 @@ from pathlib import Path
 import pytest
 
 from billing import client
-from billing.sample import sample_price_book_bytes, sample_tax_table_bytes
+from billing.sample import generate, sample_price_book_bytes, sample_tax_table_bytes
 from shared import inbox
 from shared.messaging.storage import Storage
 from shared.settings import Settings
 from shared.submissions import REQUESTED
+from support.exact import status
+from support.roles import Roles
 
 HEADER = "transaction_id,account_id,timestamp,product,quantity,region\n"
 GOOD_ROW = "t1,acct-1,2026-03-02T09:15:00+01:00,{product},1.5,\n"
@@ -180,3 +182,19 @@ def test_a_batch_id_that_cannot_name_blobs_is_refused(
     assert result.returncode != 0
     assert "batch id" in result.stderr and len(result.stderr.strip().splitlines()) == 1
     assert asyncio.run(_queued_and_inbox(settings_env)) == (0, 0)
+
+
+def test_files_submitted_together_are_numbered_in_the_order_given(
+    settings_env: Settings, roles: Roles, tmp_path: Path
+) -> None:
+    sizes = {"a": 60_000, "b": 10, "c": 2_000}  # the first the slowest to check, hash and upload
+    for seed, (name, rows) in enumerate(sizes.items()):
+        generate(rows, tmp_path / f"{name}.csv", seed=seed)
+    result = billing("submit", *(str(tmp_path / f"{name}.csv") for name in sizes))
+    assert result.returncode == 0, result.stderr
+    submitted = re.findall(r"^batch (\S+) submitted", result.stdout, re.MULTILINE)
+    assert len(submitted) == len(sizes)
+    for role in ("initiator", "processor", "controller"):
+        roles.burst(role)
+    seqs = [status(batch_id)["seq"] for batch_id in submitted]
+    assert None not in seqs and seqs == sorted(seqs), seqs

@@ -181,8 +181,8 @@ def test_csv_header_only_yields_nothing(tmp_path: Path) -> None:
         (b"id,account,when\n", "transaction_id, account_id, timestamp, product, quantity"),
         (HEADER.replace("region", "quantity").encode(), "repeats column(s): quantity"),
         ((HEADER + 't1,a,ts,p,"1"x,\n').encode(), "malformed CSV at line 2"),
-        ((HEADER + 't1,a,ts,p,1,\nt2,a,ts,p,"2,\n').encode(), "malformed CSV"),
-        ((HEADER + 't1,a,ts,p,"1').encode(), "malformed CSV"),
+        ((HEADER + 't1,a,ts,p,1,\nt2,a,ts,p,"2,\n').encode(), "CSV line 3: the row starting here has a quoted"),
+        ((HEADER + 't1,a,ts,p,"1').encode(), "CSV line 2: the row starting here has a quoted field that is never"),
         ((HEADER + "t1,a,ts,p,1,\nt2,\xff,ts,p,1,\n").encode("latin-1"), "not UTF-8"),
         (b"\xfftransaction_id\n", "not UTF-8"),
     ],
@@ -192,9 +192,43 @@ def test_csv_refusals(tmp_path: Path, data: bytes, message: str) -> None:
         read(write(tmp_path, "b.csv", data), "csv")
 
 
-def test_csv_not_utf8_names_the_row(tmp_path: Path) -> None:
+@pytest.mark.parametrize("fast", [True, False])
+def test_csv_not_utf8_names_its_line(tmp_path: Path, fast: bool) -> None:
     data = (HEADER + "t1,a,ts,p,1,\n").encode() + b"t2,a,ts,p,\xe9,\n"
-    with pytest.raises(FileRefused, match=r"not UTF-8: invalid byte 0xe9 after data row \d+"):
+    with pytest.raises(FileRefused, match=r"^not UTF-8: invalid byte 0xe9 on line 3$"):
+        read(write(tmp_path, "b.csv", data), "csv", csv_fast=fast)
+    rows = "".join(f"t{i},a,ts,p,1,\n" for i in range(30_000))  # past the first block
+    data = (HEADER + rows).encode() + b"t,\xff,ts,p,1,\n"
+    with pytest.raises(FileRefused, match=r"^not UTF-8: invalid byte 0xff on line 30002$"):
+        read(write(tmp_path, "far.csv", data), "csv", csv_fast=fast)
+
+
+@pytest.mark.parametrize("fast", [True, False])
+@pytest.mark.parametrize("before", [3, 28_000])
+def test_csv_quote_never_closed_names_the_line_its_row_starts(tmp_path: Path, fast: bool, before: int) -> None:
+    rows = "".join(f"t{i},a,ts,p,1,\n" for i in range(before))
+    quoted = 'q1,a,ts,p,"1\n2",\n'  # a quoted line break: the open row starts on the line after it
+    line = before + 4
+    to_end = HEADER + rows + quoted + 'o,a,"ts,p,1,\n' + "t,a,ts,p,1,\n" * 5
+    with pytest.raises(
+        FileRefused, match=rf"^CSV line {line}: the row starting here has a quoted field that is never closed$"
+    ):
+        read(write(tmp_path, "end.csv", to_end), "csv", csv_fast=fast)
+    past_limit = HEADER + rows + quoted + 'o,a,"ts,p,1,\n' + "t,a,ts,p,1,\n" * 20_000  # past csv's field limit too
+    with pytest.raises(
+        FileRefused, match=rf"^CSV line {line}: .* quoted field not closed within the limit of 65536 bytes$"
+    ):
+        read(write(tmp_path, "limit.csv", past_limit), "csv", csv_fast=fast)
+    long_line = HEADER + rows + quoted + "o,a,ts,p,1," + "x" * 140_000 + "\n"
+    with pytest.raises(FileRefused, match=rf"^CSV line {line}: a row is longer than the limit of 65536 bytes$"):
+        read(write(tmp_path, "long.csv", long_line), "csv", csv_fast=fast)
+
+
+def test_csv_header_quote_never_closed_names_its_line(tmp_path: Path) -> None:
+    data = '\n"transaction_id,account_id\nt,a\n'
+    with pytest.raises(
+        FileRefused, match=r"^CSV line 2: the row starting here has a quoted field that is never closed$"
+    ):
         read(write(tmp_path, "b.csv", data), "csv")
 
 

@@ -24,7 +24,7 @@ from typing import BinaryIO
 import pyarrow as pa
 
 from .chunks import CHUNK_SCHEMA, RAW_COLUMNS, REQUIRED_COLUMNS, Reader, ReadOptions, raw_texts
-from .csv_reader import read_csv
+from .csv_reader import UNCLOSED_QUOTE, read_csv
 from .jsonl import INVALID_SENTINEL, read_jsonl
 from .lines import line_blocks, line_count
 from .parquet import read_parquet
@@ -35,6 +35,7 @@ __all__ = [
     "INVALID_SENTINEL",
     "RAW_COLUMNS",
     "REQUIRED_COLUMNS",
+    "UNCLOSED_QUOTE",
     "detect_format",
     "line_blocks",
     "line_count",

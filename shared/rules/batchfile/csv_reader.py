@@ -5,8 +5,9 @@ missing, or any of ``RAW_COLUMNS`` named twice, refuses the file. Strictly empty
 the header are ignored; a short row's absent cells are null. Python's ``csv`` module in strict mode decides what
 malformed quoting is (a stray quote inside an unquoted field, ``a,b"c``, is accepted as a literal quote, as that
 module does); pyarrow parses every run of whole records where it gives exactly the same rows (quoted fields
-included: :mod:`.csv_text`), that module the rest. A file is refused for its first problem in file order (an
-invalid UTF-8 byte: naming its line). A row's raw text holds every header column (absent cells left out).
+included: :mod:`.csv_text`), that module the rest. A file is refused for its first problem in file order, naming
+its physical line: an invalid UTF-8 byte by its line, a quoted field never closed (or not closed within the row
+limit) by the line where its row starts. A row's raw text holds every header column (absent cells left out).
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import codecs
 import csv
 import io
 import itertools
+import operator
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, BinaryIO
 
@@ -34,6 +37,9 @@ if TYPE_CHECKING:
 _CSV_BATCH_ROWS = 8192  # records csv reads at a time
 _CSV_PARSE = pacsv.ParseOptions(newlines_in_values=True, ignore_empty_lines=True)
 _CSV_CONVERT = {"null_values": [], "strings_can_be_null": False, "check_utf8": False}  # decoded already
+_LINE_NUM = operator.attrgetter("line_num")
+#: What the refusal of a CSV file whose last row has a quoted field still open at its end says.
+UNCLOSED_QUOTE = "has a quoted field that is never closed"
 
 
 def read_csv(source: BinaryIO, options: ReadOptions) -> Iterator[pa.Table]:
@@ -68,17 +74,21 @@ class _CsvReader:
         try:
             yield from self._chunks()
         except BadByte as exc:
-            raise FileRefused(
-                f"not UTF-8: invalid byte 0x{exc.byte:02x} after data row {self._done} (near line {exc.line})"
-            ) from None
+            raise FileRefused(f"not UTF-8: invalid byte 0x{exc.byte:02x} on line {exc.line}") from None
 
     def _chunks(self) -> Iterator[pa.Table]:
         self._text.next_block()
         reader = csv.reader(self._text.lines(), strict=True)
+        header: list[str] | None = None
+        start = 1  # the header's first line
         try:
-            header = next((cells for cells in reader if cells), None)
+            for cells in reader:
+                if cells:
+                    header = cells
+                    break
+                start = reader.line_num + 1
         except csv.Error as exc:
-            raise self._malformed(exc, reader.line_num) from None
+            raise self._malformed(exc, start, reader.line_num) from None
         if header is None:
             raise FileRefused("CSV has no header row")
         names = [name.strip() for name in header]
@@ -116,22 +126,36 @@ class _CsvReader:
             records = min(_CSV_BATCH_ROWS, self._chunk_rows + self._done - self._rows)
             if quota is not None and not (records := min(records, quota())):
                 return
+            # ``read`` keeps the reader's line count after the last whole row (zip reads it after each row): where a
+            # row that fails starts.
             flat: list[str] = []
             ends: list[int] = []
+            read = deque([reader.line_num], maxlen=1)
+            rows = map(len, map(flat.__iadd__, itertools.islice(reader, records)))
+            lines = map(read.append, map(_LINE_NUM, itertools.repeat(reader)))
             try:
-                ends.extend(map(len, map(flat.__iadd__, itertools.islice(reader, records))))
+                ends.extend(map(operator.itemgetter(0), zip(rows, lines, strict=False)))
             except (csv.Error, BadByte) as exc:
                 self._batch(flat, ends)  # a row before the error may be too long: the first problem wins
                 if isinstance(exc, BadByte):
                     raise
-                raise self._malformed(exc, line + reader.line_num) from None
+                raise self._malformed(exc, line + read[0] + 1, line + reader.line_num) from None
             yield from self._emit(self._batch(flat, ends))
             if len(ends) < records:
                 return
 
-    def _malformed(self, exc: csv.Error, line: int) -> FileRefused:
+    def _malformed(self, exc: csv.Error, start: int, line: int) -> FileRefused:
+        """The refusal of a row starting on physical line ``start`` that csv failed on at line ``line``."""
+        limit = self._max_row_bytes
         if "field larger than field limit" in str(exc):
-            return FileRefused(f"CSV line {line}: a row is longer than the limit of {self._max_row_bytes} bytes")
+            if line > start:  # the field runs on over line ends: a quote opened and not closed in time
+                return FileRefused(
+                    f"CSV line {start}: the row starting here has a quoted field not closed within the limit "
+                    f"of {limit} bytes"
+                )
+            return FileRefused(f"CSV line {start}: a row is longer than the limit of {limit} bytes")
+        if "unexpected end of data" in str(exc):
+            return FileRefused(f"CSV line {start}: the row starting here {UNCLOSED_QUOTE}")
         return FileRefused(f"malformed CSV at line {line}: {exc}")
 
     def _batch(self, flat: list[str], ends: list[int]) -> pa.Table:
