@@ -8,6 +8,7 @@ all through :class:`Store` and the types named here (no caller imports a module 
 - :mod:`store.items`, :mod:`store.partials`, :mod:`store.fold`: work items, rejects and held rows; each work
   item's partial aggregates, and the exact Arrow arithmetic that folds them when a batch settles;
 - :mod:`store.recording`: recording results, in one transaction each;
+- :mod:`store.pricebooks`: the rows of the price books batches were rated with;
 - :mod:`store.ledger`: what is kept across batches (ids, numbers and voids, periods, documents);
 - :mod:`store.queries`: reads across batches;
 - :mod:`store.core`: :class:`Store`, the face of all of it.
@@ -19,6 +20,7 @@ from .engine import ENTRA_POSTGRES_SCOPE, Patience
 from .ledger.documents import KINDS, Difference, Document, Line, Period, quantity_text
 from .ledger.numbers import AlreadyVoided, LedgerError
 from .migrate import MIGRATIONS, SCHEMA_REVISION
+from .pricebooks import PriceRow, price_rows_of
 from .queries import DIMENSIONS, MONEY_COLUMNS, PERIOD_PATTERN, BatchRef, Dimension, Filters, Result
 
 __all__ = [
@@ -43,7 +45,9 @@ __all__ = [
     "Line",
     "Patience",
     "Period",
+    "PriceRow",
     "Result",
     "Store",
+    "price_rows_of",
     "quantity_text",
 ]
