@@ -21,7 +21,8 @@ from celery.signals import worker_ready
 from processor.jobs import rate_rows
 from shared.messages import WorkHeader
 from shared.rules.batchfile import RAW_COLUMNS
-from shared.rules.reference import PriceBook, TaxTable, load_price_book, load_tax_table
+from shared.rules.reference import load_price_book, load_tax_table
+from shared.rules.versions import Rates
 
 BROKER_ENV = "BILLING_CELERY_BROKER"  # azurestoragequeues://<key>@<queue endpoint>
 RESULTS_ENV = "BILLING_CELERY_RESULTS"  # db+sqlite:///<path>
@@ -64,9 +65,10 @@ def _ready(**_: Any) -> None:
 
 
 @lru_cache(maxsize=1)
-def _references() -> tuple[PriceBook, TaxTable]:
+def _references() -> Rates:
     folder = Path(os.environ[REFERENCES_ENV])
-    return load_price_book((folder / "pricebook.csv").read_bytes()), load_tax_table((folder / "taxes.csv").read_bytes())
+    book = load_price_book((folder / "pricebook.csv").read_bytes())
+    return Rates.single(book, load_tax_table((folder / "taxes.csv").read_bytes()))
 
 
 def chunk_message(fields: dict[str, list[str | None]], first_row: int, repeat_of: dict[int, int]) -> dict[str, Any]:
@@ -93,7 +95,7 @@ def rate_chunk(chunk: dict[str, Any]) -> dict[str, Any]:
         }
     )
     header = WorkHeader(f"chunk-{first}", "celery", pricebook_hash="", taxes_hash="", rows=size)
-    result = rate_rows(header, rows, *_references())
+    result = rate_rows(header, rows, _references())
     return {
         "partials": _columns(result.partials),
         "rejects": [result.rejects.column("row").to_pylist(), result.rejects.column("reason").to_pylist()],

@@ -1,6 +1,9 @@
 """An independent, deliberately simple model of validation and rating: one row at a time,
 ``re``, ``datetime`` and ``decimal`` (ROUND_HALF_UP) only. Tests compare the vectorised code to it.
 
+Reference data is dated: a :class:`Version` is a price book and tax table in force from a UTC date on, and a row is
+checked and rated with the version in force on its UTC date (none before the first: ``no_reference_data``).
+
 It reads the reference CSVs itself (assuming they are valid) and shares no code with ``shared``; the tests
 and ``billing soak`` (:mod:`benchmarks.expected`) check the pipeline against it.
 """
@@ -8,6 +11,7 @@ and ``billing soak`` (:mod:`benchmarks.expected`) check the pipeline against it.
 from __future__ import annotations
 
 import csv
+import hashlib
 import io
 import json
 import re
@@ -65,6 +69,39 @@ class Rated:
     total: int
     currency: str
     billing_day: str
+    region: str = "*"
+    tax_rate: str = ""  # the rate as normalised decimal text
+    pricebook: str = ""  # the content hash of the price book that rated it ("" where not known)
+
+
+@dataclass(frozen=True)
+class Version:
+    """A price book and tax table in force from ``effective_from`` (a UTC date; None: every date) on."""
+
+    effective_from: date | None
+    prices: dict[str, Price]
+    rates: dict[str, Decimal]
+    pricebook: str = ""  # the price book's content hash
+
+
+def read_version(effective_from: date | None, prices_csv: str, rates_csv: str) -> Version:
+    """A version from the price book's and tax table's CSV text (the hash is that of the UTF-8 text)."""
+    digest = hashlib.sha256(prices_csv.encode()).hexdigest()
+    return Version(effective_from, read_prices(prices_csv), read_rates(rates_csv), digest)
+
+
+def in_force(versions: list[Version], day: date) -> Version | None:
+    """The version with the latest ``effective_from`` on or before ``day``; None before the first."""
+    found = None
+    for version in sorted(versions, key=lambda v: v.effective_from or date.min):
+        if version.effective_from is None or version.effective_from <= day:
+            found = version
+    return found
+
+
+def rate_text(rate: Decimal) -> str:
+    """A tax rate as normalised decimal text: ``0.20`` is ``0.2``, ``0.0`` is ``0``."""
+    return "0" if rate == 0 else format(rate.normalize(), "f")
 
 
 def read_prices(csv_text: str) -> dict[str, Price]:
@@ -124,6 +161,12 @@ def quantity_reason(text: str) -> str | None:
 
 def check_row(raw: dict[str, str | None], prices: dict[str, Price], rates: dict[str, Decimal]) -> Row | str:
     """The row, or the reason code of the first rule it breaks (duplicates aside)."""
+    return check_dated(raw, [Version(None, prices, rates)])
+
+
+def check_dated(raw: dict[str, str | None], versions: list[Version]) -> Row | str:
+    """The row, or the reason code of the first rule it breaks (duplicates aside), its product and region checked
+    against the version in force on its UTC date."""
     f = {name: (raw.get(name) or "").strip() for name in FIELDS}
     if any(not f[name] for name in FIELDS[:5]):
         return "missing_field"
@@ -134,14 +177,17 @@ def check_row(raw: dict[str, str | None], prices: dict[str, Price], rates: dict[
     instant = parse_timestamp(f["timestamp"])
     if isinstance(instant, str):
         return instant
-    if f["product"] not in prices:
+    version = in_force(versions, instant.second.date())
+    if version is not None and f["product"] not in version.prices:
         return "unknown_product"
     reason = quantity_reason(f["quantity"])
     if reason:
         return reason
     region = f["region"] or "*"
-    if region not in rates:
+    if version is not None and region not in version.rates:
         return "unknown_region"
+    if version is None:
+        return "no_reference_data"
     return Row(f["transaction_id"], f["account_id"], instant, f["product"], Decimal(f["quantity"]) + 0, region)
 
 
@@ -153,10 +199,17 @@ def check_batch(
 ) -> list[Row | str]:
     """Every row of a batch in order, with ``duplicate_transaction_id`` after the first valid one, and for every
     valid row whose id is ``taken`` (counted in an earlier batch of the ledger)."""
+    return check_batch_dated(rows, [Version(None, prices, rates)], taken)
+
+
+def check_batch_dated(
+    rows: list[dict[str, str | None]], versions: list[Version], taken: set[str] | frozenset[str] = frozenset()
+) -> list[Row | str]:
+    """:func:`check_batch` with dated reference data."""
     seen: set[str] = set(taken)
     out: list[Row | str] = []
     for raw in rows:
-        result = check_row(raw, prices, rates)
+        result = check_dated(raw, versions)
         if isinstance(result, Row):
             if result.transaction_id in seen:
                 result = "duplicate_transaction_id"
@@ -185,7 +238,15 @@ def rate_row(row: Row, prices: dict[str, Price], rates: dict[str, Decimal]) -> R
         net = max(net, half_up(EXACT.multiply(price.minimum, scale)))
     tax = half_up(EXACT.multiply(Decimal(net), rates[row.region]))
     billing_day: date = row.instant.second.date()
-    return Rated(net, tax, net + tax, price.currency, billing_day.isoformat())
+    return Rated(net, tax, net + tax, price.currency, billing_day.isoformat(), row.region, rate_text(rates[row.region]))
+
+
+def rate_dated(row: Row, versions: list[Version]) -> Rated:
+    """A checked row rated with the version in force on its UTC date."""
+    version = in_force(versions, row.instant.second.date())
+    assert version is not None, "a checked row has a version"
+    rated = rate_row(row, version.prices, version.rates)
+    return Rated(**{**rated.__dict__, "pricebook": version.pricebook})
 
 
 def raw_chunk(rows: list[dict[str, str | None]], first_row: int = 1) -> pa.Table:
@@ -220,8 +281,12 @@ class Ledger:
 
     prices: dict[str, Price]
     rates: dict[str, Decimal]
+    #: Dated reference data; None: ``prices`` and ``rates`` on every date.
+    versions: list[Version] | None = None
 
     def __post_init__(self) -> None:
+        if self.versions is None:
+            self.versions = [Version(None, self.prices, self.rates)]
         self.rated: dict[str, list[tuple[Row, Rated]]] = {}
         self.voided: set[str] = set()
         self.closed: set[str] = set()
@@ -233,9 +298,10 @@ class Ledger:
     def batch(self, batch_id: str, rows: list[dict[str, str | None]]) -> list[Row | str]:
         """A batch completed with these rows, after every batch given before (the order of sequence numbers):
         an id counted in one of them, not voided, is a duplicate here. Each row's fate is returned."""
-        checked = check_batch(rows, self.prices, self.rates, self.counted_ids())
+        assert self.versions is not None
+        checked = check_batch_dated(rows, self.versions, self.counted_ids())
         counted = [r for r in checked if isinstance(r, Row)]
-        self.rated[batch_id] = [(row, rate_row(row, self.prices, self.rates)) for row in counted]
+        self.rated[batch_id] = [(row, rate_dated(row, self.versions)) for row in counted]
         late: dict[str, int] = {}
         for _, rated in self.rated[batch_id]:
             if rated.billing_day[:7] in self.closed:

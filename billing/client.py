@@ -10,7 +10,7 @@ import logging
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime
 from pathlib import Path
 
 from azure.core import MatchConditions
@@ -24,9 +24,10 @@ from shared.messages import BatchRequest
 from shared.messaging.storage import Storage
 from shared.messaging.tally import Tally, tallying
 from shared.messaging.triggers import trigger_bus
-from shared.refstore import PRICEBOOK, TAXES, ReferenceSet, ReferenceStore
+from shared.refstore import FIRST_DATE, PRICEBOOK, TAXES, ReferenceStore, Registered
 from shared.rules.batchfile import UNCLOSED_QUOTE, detect_format, line_blocks, read_chunks
 from shared.rules.reference import load_price_book, load_tax_table
+from shared.rules.versions import Version, dated
 from shared.settings import Settings
 from shared.submissions import REQUESTED, VOIDED, request_metadata, send_request
 
@@ -123,9 +124,10 @@ async def submit(
     taxes: Path | None = None,
     turn: Turn | None = None,
 ) -> Submission:
-    """Check ``path`` and hand it over: inbox blob, reference data, batch request message. The price book and
-    tax table not given are the registered set's (:func:`register`); with none registered it is refused. With a
-    ``turn``, the request goes out in it (the caller marks the turn done when this returns or raises)."""
+    """Check ``path`` and hand it over: inbox blob, reference data, batch request message. Without its own price book
+    and tax table the batch is rated with the registry's versions as they are now (:func:`register`); with none
+    registered it is refused. With a ``turn``, the request goes out in it (the caller marks the turn done when this
+    returns or raises)."""
     if batch_id is not None:
         check_batch_id(batch_id)
     size = path.stat().st_size
@@ -152,15 +154,16 @@ async def submit(
         # The batch's first requests (its request message carries them) and the root span of its trace.
         with tallying(Tally()), telemetry.span("billing submit", attributes=root):
             references = ReferenceStore(storage, container=settings.reference_container)
-            rated_with = await _reference_set(references, pricebook_bytes, taxes_bytes)
+            versions = await _versions(references, pricebook_bytes, taxes_bytes)
             request = BatchRequest(
                 batch_id=batch_id,
                 source=path.name,
                 blob_name=batch_id,
                 fmt=fmt,
-                pricebook_hash=rated_with.pricebook_hash,
-                taxes_hash=rated_with.taxes_hash,
+                pricebook_hash=versions[-1].pricebook_hash,
+                taxes_hash=versions[-1].taxes_hash,
                 accepted_at=datetime.now(UTC),
+                versions=versions,
             )
             container = storage.container(settings.inbox_container)
             if not await _upload(container, path, request):
@@ -174,36 +177,43 @@ async def submit(
             return Submission(batch_id, fmt, duplicate=False, requests=storage.counter.snapshot())
 
 
-async def _reference_set(references: ReferenceStore, pricebook: bytes | None, taxes: bytes | None) -> ReferenceSet:
-    """The reference data a batch is rated with: those given (stored by hash), the registered set's otherwise."""
-    if pricebook is None or taxes is None:
-        registered = await references.registered()
-        if registered is None:
-            raise InputError(NONE_REGISTERED)
-    else:
-        registered = ReferenceSet("", "")
-    return ReferenceSet(
-        registered.pricebook_hash if pricebook is None else await references.put(PRICEBOOK, pricebook),
-        registered.taxes_hash if taxes is None else await references.put(TAXES, taxes),
-    )
+async def _versions(references: ReferenceStore, pricebook: bytes | None, taxes: bytes | None) -> tuple[Version, ...]:
+    """The versions a batch is rated with: with both files given, those (stored by hash) on every date; otherwise the
+    registry's versions, with the one file given (if any) in place of each version's."""
+    if pricebook is not None and taxes is not None:
+        return (Version(None, await references.put(PRICEBOOK, pricebook), await references.put(TAXES, taxes)),)
+    registry = [registered.version for registered in await references.registry()]
+    if not registry:
+        raise InputError(NONE_REGISTERED)
+    if pricebook is not None:
+        digest = await references.put(PRICEBOOK, pricebook)
+        registry = [dataclasses.replace(version, pricebook_hash=digest) for version in registry]
+    if taxes is not None:
+        digest = await references.put(TAXES, taxes)
+        registry = [dataclasses.replace(version, taxes_hash=digest) for version in registry]
+    return dated(registry)
 
 
-async def register(settings: Settings, pricebook: bytes, taxes: bytes) -> ReferenceSet:
-    """Check a price book and a tax table, store them by content hash, and make them the registered set: what a
-    batch submitted without its own is rated with."""
+async def register(
+    settings: Settings, pricebook: bytes, taxes: bytes, effective_from: date = FIRST_DATE
+) -> list[Registered]:
+    """Check a price book and a tax table, store them by content hash, and register them as the version in force
+    from ``effective_from`` (replacing that date's version, if any; by default from the first date on): what a batch
+    submitted without its own is rated with, for its rows of that date on. The registry is returned, oldest first."""
     load_price_book(pricebook)  # refuse invalid reference data before anything is stored
     load_tax_table(taxes)
     async with Storage(settings) as storage:
         await storage.ensure(containers=[settings.reference_container])
         references = ReferenceStore(storage, container=settings.reference_container)
-        return await references.register(await references.put(PRICEBOOK, pricebook), await references.put(TAXES, taxes))
+        digests = await references.put(PRICEBOOK, pricebook), await references.put(TAXES, taxes)
+        return await references.register(Version(effective_from, *digests))
 
 
-async def registered(settings: Settings) -> ReferenceSet | None:
-    """The registered set, if any."""
+async def registry(settings: Settings) -> list[Registered]:
+    """The registered versions, oldest first."""
     async with Storage(settings) as storage:
         await storage.ensure(containers=[settings.reference_container])
-        return await ReferenceStore(storage, container=settings.reference_container).registered()
+        return await ReferenceStore(storage, container=settings.reference_container).registry()
 
 
 async def mark_voided(settings: Settings, batch_id: str) -> None:

@@ -19,7 +19,7 @@ from opentelemetry.trace import Span, SpanKind, StatusCode
 from prometheus_client import Histogram
 
 from shared import telemetry
-from shared.errors import PoisonMessage
+from shared.errors import InputError, PoisonMessage
 from shared.messages import IdsPart, Kind, Manifest, PoisonNotice, WorkItemResult
 from shared.messaging import tally
 from shared.messaging.backoff import patiently
@@ -29,6 +29,8 @@ from shared.messaging.service import Service
 from shared.messaging.storage import Storage
 from shared.messaging.syphon import add_syphon
 from shared.messaging.triggers import TriggerBus
+from shared.refstore import PRICEBOOK, ReferenceStore
+from shared.rules.reference import load_price_book
 from shared.settings import Settings
 from shared.submissions import resend_stale
 from shared.wire import (
@@ -40,7 +42,7 @@ from shared.wire import (
     parse_results,
     warm_up,
 )
-from store import Store
+from store import PriceRow, Store, price_rows_of
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +72,8 @@ class Controller(Service):
         self.store = store
         self._sql = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sql")
         self.claim_check = ClaimCheck(storage, container=settings.work_container, limit=settings.max_message_bytes)
+        self.references = ReferenceStore(storage, container=settings.reference_container)
+        self._price_books: set[str] = set()  # those whose rows this controller recorded
         # SQL writes serialise per batch anyway: one dequeue task, and no receive while a fold is
         # written, so that the next takes all that arrived meanwhile (a fold's cost is mostly per
         # transaction: 32 results messages folded at once cost far less CPU than one at a time).
@@ -112,6 +116,7 @@ class Controller(Service):
             except PoisonMessage as exc:
                 poisoned[message.id] = str(exc)
         if any(carried for _, carried in charged):
+            await self._record_price_books(received.manifests)
             shares = _requests_carried(charged, own=max(0, tally.take() - sum(stamp for stamp, _ in charged)))
             requests: Counter[str] = Counter()
             spans: list[Span] = []
@@ -144,6 +149,21 @@ class Controller(Service):
                     )
         # Committed: the listener may now delete these messages.
         return poisoned
+
+    async def _record_price_books(self, manifests: list[Manifest]) -> None:
+        """Record the rows of the price books of the batches whose manifests came (once a price book), before their
+        aggregates are: a batch completes only once its manifest is recorded."""
+        wanted = {v.pricebook_hash for m in manifests if m.refused is None for v in m.dated()} - self._price_books
+        rows: list[PriceRow] = []
+        for digest in sorted(wanted):
+            try:
+                rows += price_rows_of(load_price_book(await self.references.get(PRICEBOOK, digest)))
+            except InputError as exc:  # the initiator refuses a batch whose reference data is so
+                log.warning("price book %s not recorded: %s", digest, exc)
+                wanted.discard(digest)
+        if rows:
+            await self._in_sql_thread(functools.partial(self.store.record_price_books, rows))
+        self._price_books |= wanted
 
     @contextlib.asynccontextmanager
     async def _settling(self, batch_id: str, cause: Span | None, name: str) -> AsyncIterator[Span]:

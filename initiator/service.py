@@ -129,8 +129,9 @@ class Initiator(Service):
         phases = _Phases()
         try:
             # The processors rate with them: a batch whose reference data is missing or invalid is refused now.
-            load_price_book(await self.references.get(PRICEBOOK, request.pricebook_hash))
-            load_tax_table(await self.references.get(TAXES, request.taxes_hash))
+            for version in request.dated():
+                load_price_book(await self.references.get(PRICEBOOK, version.pricebook_hash))
+                load_tax_table(await self.references.get(TAXES, version.taxes_hash))
             debatch = Debatch(work_item_size=self.settings.work_item_size, id_filter=await self.id_filter.load())
             marked = self.id_filter.serial
             async with self._cuts(request, debatch) as cuts:
@@ -206,6 +207,7 @@ class Initiator(Service):
                     rows=cut.rows,
                     part=cut.part,
                     marked=marked,
+                    versions=request.dated(),
                 )
                 queue = queues[seq % len(queues)]
                 counts[queue][0] += 1
@@ -280,6 +282,7 @@ class Initiator(Service):
             id_serial=None if serials is None else serials[1],
             ids=debatch.ids() if debatch else None,
             id_parts=phases.id_parts,
+            versions=request.dated(),
         )
         envelope = manifest_envelope(manifest)
         await self.claim_check.send(

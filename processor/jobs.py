@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
-from functools import lru_cache
+from collections.abc import Callable, Hashable, Mapping
+from typing import TypeVar
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -17,17 +18,49 @@ from shared.rules.rating import aggregate, itemise
 from shared.rules.reference import PriceBook, TaxTable, load_price_book, load_tax_table
 from shared.rules.schemas import HELD_SCHEMA
 from shared.rules.validation import validate
+from shared.rules.versions import Rates, Version
 from shared.wire import decode_work, results_envelope
 
-
-@lru_cache(maxsize=16)
-def _price_book(data: bytes) -> PriceBook:
-    return load_price_book(data)
+T = TypeVar("T")
+K = TypeVar("K", bound=Hashable)
 
 
-@lru_cache(maxsize=16)
-def _tax_table(data: bytes) -> TaxTable:
-    return load_tax_table(data)
+#: Reference data parsed in this worker process, by content hash, and the batches' versions loaded, by versions:
+#: each is parsed once per process, not per work item.
+_BOOKS: dict[str, PriceBook] = {}
+_TABLES: dict[str, TaxTable] = {}
+_RATES: dict[tuple[Version, ...], Rates] = {}
+#: Entries each cache keeps at most (dropped oldest first).
+_CACHED = 32
+
+
+def rates_of(versions: tuple[Version, ...], references: Mapping[str, bytes]) -> Rates:
+    """``versions`` loaded from ``references`` (content hash -> bytes), each price book and tax table parsed once per
+    process; ``KeyError`` for one not in ``references``."""
+    rates = _RATES.get(versions)
+    if rates is None:
+        loaded = [
+            (
+                v.effective_from,
+                _parsed(_BOOKS, v.pricebook_hash, references, load_price_book),
+                _parsed(_TABLES, v.taxes_hash, references, load_tax_table),
+            )
+            for v in versions
+        ]
+        rates = _remember(_RATES, versions, Rates.of(loaded))
+    return rates
+
+
+def _parsed(cache: dict[str, T], digest: str, references: Mapping[str, bytes], load: Callable[[bytes], T]) -> T:
+    found = cache.get(digest)
+    return _remember(cache, digest, load(references[digest])) if found is None else found
+
+
+def _remember(cache: dict[K, T], key: K, value: T) -> T:
+    if len(cache) >= _CACHED:
+        del cache[next(iter(cache))]
+    cache[key] = value
+    return value
 
 
 def rate_work_items(
@@ -45,9 +78,7 @@ def rate_work_items(
     for index, (header, encoded, text) in enumerate(items):
         try:
             rows = decode_work(header, encoded, text)
-            price_book = _price_book(references[header.pricebook_hash])
-            tax_table = _tax_table(references[header.taxes_hash])
-            result = rate_rows(header, rows, price_book, tax_table)
+            result = rate_rows(header, rows, rates_of(header.dated(), references))
         except (InputError, KeyError) as exc:
             poisoned[index] = str(exc) if isinstance(exc, PoisonMessage) else f"unratable: {exc}"
             continue
@@ -55,13 +86,13 @@ def rate_work_items(
     return (results_envelope(results) if results else None), poisoned
 
 
-def rate_rows(header: WorkHeader, rows: pa.Table, price_book: PriceBook, tax_table: TaxTable) -> WorkItemResult:
+def rate_rows(header: WorkHeader, rows: pa.Table, rates: Rates) -> WorkItemResult:
     """A work item's rows validated and rated: the partial aggregates of the otherwise valid rows whose
     id is not a repeat (``repeat_of`` 0), the rejects, and the otherwise valid repeats rated one by one
     and held for the controller to tell duplicates (:mod:`shared.rules.duplicates`). A held row carries its id and
     the id's hash, a rejected first occurrence the hash of its id: what the controller checks in the ledger, and
     takes out of it."""
-    valid, rejects = validate(rows, price_book, tax_table)
+    valid, rejects = validate(rows, rates)
     repeats = rows.filter(pc.greater(rows.column("repeat_of"), 0))
     holding = pc.is_in(valid.column("row"), value_set=repeats.column("row"))
     counted, held = valid.filter(pc.invert(holding)), valid.filter(holding)
@@ -74,11 +105,11 @@ def rate_rows(header: WorkHeader, rows: pa.Table, price_book: PriceBook, tax_tab
             raw_texts(of_held),
             held_ids,
             pa.array(id_hashes(held_ids)),
-            *itemise(held, price_book, tax_table).columns,
+            *itemise(held, rates).columns,
         ],
         schema=HELD_SCHEMA,
     )
-    partials = aggregate(counted, price_book, tax_table)
+    partials = aggregate(counted, rates)
     return WorkItemResult(
         header.work_item_id,
         header.batch_id,

@@ -58,8 +58,9 @@ class Processor(Service):
             try:
                 envelope = await self.claim_check.unpack(message.content)
                 header = parse_work_header(envelope)
-                references[header.pricebook_hash] = await self.references.get(PRICEBOOK, header.pricebook_hash)
-                references[header.taxes_hash] = await self.references.get(TAXES, header.taxes_hash)
+                for version in header.dated():
+                    for kind, digest in ((PRICEBOOK, version.pricebook_hash), (TAXES, version.taxes_hash)):
+                        references[digest] = await self.references.get(kind, digest)
                 text = await self._read_part(header)
             except PoisonMessage as exc:
                 poisoned[message.id] = str(exc)

@@ -14,6 +14,21 @@ import pyarrow as pa
 
 from .inbox import Part
 from .rules.schemas import HELD_SCHEMA, REJECTED_SCHEMA
+from .rules.versions import Version
+
+
+class RatedWith:
+    """What a batch is rated with: ``versions``, oldest first (:mod:`shared.rules.versions`); ``pricebook_hash`` and
+    ``taxes_hash`` name the newest. A message from before versions has none: its pair is then in force on every
+    date."""
+
+    pricebook_hash: str
+    taxes_hash: str
+    versions: tuple[Version, ...]
+
+    def dated(self) -> tuple[Version, ...]:
+        """The versions the batch is rated with, oldest first."""
+        return self.versions or (Version(None, self.pricebook_hash, self.taxes_hash),)
 
 
 class Kind(StrEnum):
@@ -33,7 +48,7 @@ REPEATS_SCHEMA = pa.schema([("row", pa.int64()), ("repeat_of", pa.int64())])
 
 
 @dataclass(frozen=True)
-class BatchRequest:
+class BatchRequest(RatedWith):
     """``billing submit`` asks the initiator to debatch a file waiting in the inbox."""
 
     batch_id: str
@@ -44,13 +59,14 @@ class BatchRequest:
     taxes_hash: str
     accepted_at: datetime
     uploaded_at: datetime | None = None
+    versions: tuple[Version, ...] = ()
 
     #: The fields that are datetimes on the wire (ISO 8601 text).
     TIMES = ("accepted_at", "uploaded_at")
 
 
 @dataclass(frozen=True)
-class WorkHeader:
+class WorkHeader(RatedWith):
     """Names a work item and where its rows are: a part of the batch's text file in the inbox, its payload
     then the rows there whose transaction id repeats an earlier row's (``row``, ``repeat_of``); or, without
     a part, the rows as read in its payload (see :mod:`initiator.debatch`)."""
@@ -63,6 +79,7 @@ class WorkHeader:
     part: Part | None = None
     #: The id filter's serial the rows were marked against (:mod:`store.ledger.ids`); None from an initiator without it.
     marked: int | None = None
+    versions: tuple[Version, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -88,7 +105,7 @@ class WorkItemResult:
 
 
 @dataclass(frozen=True)
-class Manifest:
+class Manifest(RatedWith):
     """What the initiator tells the controller about a debatched (or refused) batch."""
 
     batch_id: str
@@ -110,6 +127,7 @@ class Manifest:
     id_serial: int | None = None
     ids: pa.Table | None = None  # IDS_SCHEMA: the payload, the ids no ids part carried; None for a refused batch
     id_parts: int = 0  # the ids parts sent before it (IdsPart), numbered from 0
+    versions: tuple[Version, ...] = ()
 
     #: The fields that are datetimes on the wire (ISO 8601 text).
     TIMES = ("accepted_at", "uploaded_at", "first_item_sent_at", "last_item_sent_at", "debatched_at")

@@ -1,30 +1,41 @@
-"""Reference data (price books, tax tables) stored once by content hash, fetched and cached; and the
-registered set (``billing reference set``): the price book and tax table a batch submitted without its own
-is rated with."""
+"""Reference data (price books, tax tables) stored once by content hash, fetched and cached; and the registry of
+versions (``billing reference set``): the price books and tax tables in force from a date on, that a batch submitted
+without its own is rated with."""
 
 from __future__ import annotations
 
 import contextlib
 import json
 from dataclasses import dataclass
+from datetime import UTC, date, datetime
 
-from azure.core.exceptions import ResourceExistsError, ResourceNotFoundError
+from azure.core import MatchConditions
+from azure.core.exceptions import ResourceExistsError, ResourceModifiedError, ResourceNotFoundError
 
 from .errors import PoisonMessage
 from .messaging.envelope import content_hash
 from .messaging.storage import Storage
+from .rules.versions import Version
 
 PRICEBOOK, TAXES = "pricebook", "taxes"
-#: The blob naming the registered set (a name no content-addressed blob has).
+#: The blob holding the registry (a name no content-addressed blob has).
 REGISTERED = "registered.json"
+#: The date a registry from before versions (one registered set) is in force from.
+FIRST_DATE = date(1, 1, 1)
+#: Tries of a registration that another one changed the registry under.
+_TRIES = 5
 
 
 @dataclass(frozen=True)
-class ReferenceSet:
-    """A price book and a tax table, by content hash."""
+class Registered:
+    """A version of the registry and when it was registered (None: registered before versions were)."""
 
-    pricebook_hash: str
-    taxes_hash: str
+    version: Version
+    registered_at: datetime | None
+
+    def to_json(self) -> dict[str, str | None]:
+        at = None if self.registered_at is None else self.registered_at.isoformat()
+        return {**self.version.to_json(), "registered_at": at}
 
 
 class ReferenceStore:
@@ -57,18 +68,48 @@ class ReferenceStore:
             self._cache[kind, digest] = data
         return data
 
-    async def register(self, pricebook_hash: str, taxes_hash: str) -> ReferenceSet:
-        """Make the price book and tax table named (both stored already, see :meth:`put`) the registered set."""
-        registered = ReferenceSet(pricebook_hash, taxes_hash)
-        body = json.dumps({PRICEBOOK: pricebook_hash, TAXES: taxes_hash}).encode()
-        await self._container.upload_blob(REGISTERED, body, overwrite=True)
-        return registered
+    async def register(self, version: Version) -> list[Registered]:
+        """Add ``version`` (its price book and tax table stored already, see :meth:`put`) to the registry; one of the
+        same date replaces that date's. The registry is returned, oldest first."""
+        for _ in range(_TRIES):
+            found, etag = await self._read()
+            kept = [r for r in found if r.version.effective_from != version.effective_from]
+            registry = sorted([*kept, Registered(version, datetime.now(UTC))], key=_by_date)
+            body = json.dumps({"versions": [r.to_json() for r in registry]}, indent=1).encode()
+            try:
+                if etag is None:
+                    await self._container.upload_blob(REGISTERED, body, overwrite=False)
+                else:
+                    blob = self._container.get_blob_client(REGISTERED)
+                    await blob.upload_blob(
+                        body, overwrite=True, etag=etag, match_condition=MatchConditions.IfNotModified
+                    )
+            except (ResourceModifiedError, ResourceExistsError):
+                continue  # registered meanwhile by another: read it again
+            return registry
+        raise ResourceModifiedError(f"the registry changed under {_TRIES} tries to register a version")
 
-    async def registered(self) -> ReferenceSet | None:
-        """The registered set, or None when none was ever registered."""
+    async def registry(self) -> list[Registered]:
+        """The registered versions, oldest first (empty when none was ever registered)."""
+        return (await self._read())[0]
+
+    async def _read(self) -> tuple[list[Registered], str | None]:
+        """The registry and its blob's etag (None: no blob). A registry from before versions (one registered set)
+        reads as one version in force from :data:`FIRST_DATE`."""
         try:
             stream = await self._container.download_blob(REGISTERED)
         except ResourceNotFoundError:
-            return None
+            return [], None
         found = json.loads(await stream.readall())
-        return ReferenceSet(found[PRICEBOOK], found[TAXES])
+        etag = stream.properties.etag
+        if "versions" not in found:
+            return [Registered(Version(FIRST_DATE, found[PRICEBOOK], found[TAXES]), None)], etag
+        registry = [
+            Registered(Version.from_json(item), item["registered_at"] and datetime.fromisoformat(item["registered_at"]))
+            for item in found["versions"]
+        ]
+        return sorted(registry, key=_by_date), etag
+
+
+def _by_date(registered: Registered) -> date:
+    return registered.version.effective_from or date.min

@@ -14,6 +14,7 @@ records each work item and manifest once (see "Exactly once" in docs/architectur
 
 from __future__ import annotations
 
+import json
 from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -22,12 +23,12 @@ from azure.core.exceptions import ResourceNotFoundError
 from azure.storage.blob import BlobProperties
 from azure.storage.blob.aio import ContainerClient
 
-from .errors import InputError
+from .errors import InputError, PoisonMessage
 from .messages import BatchRequest
 from .messaging.envelope import ClaimCheck, batch_blob, peek_headers
 from .messaging.storage import Storage
 from .settings import Settings
-from .wire import request_envelope
+from .wire import parse_versions, request_envelope, versions_json
 
 REQUESTED = "requested/{}"
 TAKEN = "taken/{}"
@@ -57,6 +58,7 @@ def request_metadata(request: BatchRequest) -> dict[str, str]:
         "format": request.fmt,
         "pricebook": request.pricebook_hash,
         "taxes": request.taxes_hash,
+        "versions": json.dumps(versions_json(request.versions), separators=(",", ":")),
         "accepted_at": request.accepted_at.isoformat(),
     }
 
@@ -74,8 +76,9 @@ def request_of(properties: BlobProperties) -> BatchRequest:
             taxes_hash=metadata["taxes"],
             accepted_at=datetime.fromisoformat(metadata["accepted_at"]),
             uploaded_at=properties.last_modified,
+            versions=parse_versions(json.loads(metadata.get("versions", "[]"))),
         )
-    except (KeyError, ValueError):
+    except (KeyError, ValueError, PoisonMessage):
         raise InputError(
             f"the inbox file of batch {name} does not keep its request: submit the file under a batch id of its own"
         ) from None

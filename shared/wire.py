@@ -26,6 +26,7 @@ from .messages import REPEATS_SCHEMA, BatchRequest, IdsPart, Kind, Manifest, Poi
 from .messaging.envelope import ClaimCheck, Envelope
 from .rules.batchfile import CHUNK_SCHEMA, read_chunks
 from .rules.schemas import HELD_SCHEMA, IDS_SCHEMA, PARTIAL_SCHEMA, REJECTED_SCHEMA
+from .rules.versions import Version
 
 if TYPE_CHECKING:  # the poison queue in annotations only: the rating workers decode messages without it
     from .messaging.poison import OnPoisoned
@@ -84,23 +85,46 @@ def kind_of(envelope: Envelope) -> Kind:
 
 
 def request_envelope(request: BatchRequest) -> Envelope:
-    return Envelope(Kind.REQUEST, _with_times(request.__dict__, BatchRequest.TIMES))
+    return Envelope(Kind.REQUEST, _with_versions(_with_times(request.__dict__, BatchRequest.TIMES)))
 
 
 def parse_request(envelope: Envelope) -> BatchRequest:
-    return _build(BatchRequest, _read_times(_expect(envelope, Kind.REQUEST), BatchRequest.TIMES))
+    fields = _read_times(_expect(envelope, Kind.REQUEST), BatchRequest.TIMES)
+    return _build(BatchRequest, _read_versions(fields))
 
 
 def work_envelope(header: WorkHeader, encoded: bytes) -> Envelope:
     """A work item; ``encoded`` is :func:`encode_table` of its payload."""
-    fields = {**header.__dict__, "part": header.part and header.part.to_json()}
+    fields = _with_versions({**header.__dict__, "part": header.part and header.part.to_json()})
     return Envelope(Kind.WORK, {name: value for name, value in fields.items() if value is not None}, encoded)
 
 
 def parse_work_header(envelope: Envelope) -> WorkHeader:
-    fields = _expect(envelope, Kind.WORK)
+    fields = _read_versions(_expect(envelope, Kind.WORK))
     part = fields.get("part")
     return _build(WorkHeader, {**fields, "part": None if part is None else Part.from_json(part)})
+
+
+def versions_json(versions: Sequence[Version]) -> list[dict[str, str | None]]:
+    """Versions as the messages and the inbox's metadata carry them."""
+    return [version.to_json() for version in versions]
+
+
+def parse_versions(carried: Any) -> tuple[Version, ...]:
+    """The versions :func:`versions_json` wrote (none where absent: a message from before versions); raises
+    :class:`PoisonMessage` if they are not that."""
+    try:
+        return tuple(Version.from_json(item) for item in carried or ())
+    except (KeyError, TypeError, ValueError) as exc:
+        raise PoisonMessage("bad_envelope", f"versions are not versions: {exc}") from exc
+
+
+def _with_versions(fields: dict[str, Any]) -> dict[str, Any]:
+    return {**fields, "versions": versions_json(fields["versions"])}
+
+
+def _read_versions(headers: dict[str, Any]) -> dict[str, Any]:
+    return {**headers, "versions": parse_versions(headers.get("versions"))}
 
 
 def decode_work(header: WorkHeader, encoded: bytes, text: bytes = b"") -> pa.Table:
@@ -228,11 +252,11 @@ def manifest_envelope(manifest: Manifest) -> Envelope:
     """A manifest; its ids (when it has them) are the payload."""
     headers = {name: value for name, value in manifest.__dict__.items() if name != "ids"}
     payload = b"" if manifest.ids is None else _encode_ids(manifest.ids)
-    return Envelope(Kind.MANIFEST, _with_times(headers, Manifest.TIMES), payload)
+    return Envelope(Kind.MANIFEST, _with_versions(_with_times(headers, Manifest.TIMES)), payload)
 
 
 def parse_manifest(envelope: Envelope) -> Manifest:
-    fields = _read_times(_expect(envelope, Kind.MANIFEST), Manifest.TIMES)
+    fields = _read_versions(_read_times(_expect(envelope, Kind.MANIFEST), Manifest.TIMES))
     if envelope.payload:
         fields["ids"] = _decode(envelope.payload)
         if fields["ids"].schema != IDS_SCHEMA:

@@ -8,6 +8,7 @@ all through :class:`Store` and the types named here (no caller imports a module 
 - :mod:`store.items`, :mod:`store.partials`, :mod:`store.fold`: work items, rejects and held rows; each work
   item's partial aggregates, and the exact Arrow arithmetic that folds them when a batch settles;
 - :mod:`store.recording`: recording results, in one transaction each;
+- :mod:`store.pricebooks`: the rows of the price books batches were rated with;
 - :mod:`store.ledger`: what is kept across batches (ids, numbers and voids, periods, parties, documents);
 - :mod:`store.queries`: reads across batches;
 - :mod:`store.core`: :class:`Store`, the face of all of it.
@@ -20,6 +21,7 @@ from .ledger.documents import KINDS, Difference, Document, Line, Period, quantit
 from .ledger.numbers import AlreadyVoided, LedgerError
 from .ledger.parties import Customer, Imported, Seller
 from .migrate import MIGRATIONS, SCHEMA_REVISION
+from .pricebooks import PriceRow, price_rows_of
 from .queries import DIMENSIONS, MONEY_COLUMNS, PERIOD_PATTERN, BatchRef, Dimension, Filters, Result
 
 __all__ = [
@@ -46,8 +48,10 @@ __all__ = [
     "Line",
     "Patience",
     "Period",
+    "PriceRow",
     "Result",
     "Seller",
     "Store",
+    "price_rows_of",
     "quantity_text",
 ]

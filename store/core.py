@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self, TypeVar
@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Self, TypeVar
 import sqlalchemy as sa
 
 from . import migrate as migrations
-from . import queries
+from . import pricebooks, queries
 from .batches import ApplyOutcome, BatchState, BatchStatus, accounted, stalled, status, waiting_batches
 from .engine import Patience, open_engine, writing
 from .ledger import closing, documents, numbers, parties
@@ -26,6 +26,7 @@ if TYPE_CHECKING:  # in annotations only: the store runs without the Azure SDK, 
 
     from .ledger.documents import Difference, Document, Period
     from .ledger.parties import Customer, Imported, Seller
+    from .pricebooks import PriceRow
     from .queries import Dimension, Filters, Result
 
 
@@ -111,6 +112,17 @@ class Store:
         from .recording import apply  # the write path loads Arrow; a store that only reads never does
 
         return apply(self._engine, manifests, results, poisoned, ids=ids, requests=requests)
+
+    def record_price_books(self, rows: Iterable[PriceRow]) -> None:
+        """Record the rows of price books batches are rated with (:func:`store.price_rows_of`), once a price
+        book: before the aggregates they rated are written."""
+        with writing(self._engine) as conn:
+            pricebooks.record(conn, rows)
+
+    def price_book_rows(self, hashes: Iterable[str]) -> Mapping[tuple[str, str], PriceRow]:
+        """The recorded rows of the price books named, by (price book, product)."""
+        with self._engine.connect() as conn:
+            return pricebooks.read(conn, hashes)
 
     def warm_up(self) -> None:
         """Load what :meth:`apply` needs (Arrow, the ledger's code) now: the first results then wait for no import."""

@@ -1,7 +1,8 @@
 """Exact arithmetic on aggregates in Arrow: partial aggregates of batches as one table (:func:`of_batches`), summed
 per key (:func:`fold`), never wrapping on overflow (:func:`sum_fits`).
 
-An aggregate's key is (batch, account, product, billing day); its values are a currency and sums.
+An aggregate's key is (batch, account, product, billing day, tax region, price book); its values are a currency, the
+tax rate and sums.
 """
 
 from __future__ import annotations
@@ -17,9 +18,11 @@ from shared.rules.schemas import PARTIAL_SCHEMA
 
 from .schema import EXACT
 
-AGGREGATE_KEY = ("batch_id", "account_id", "product", "billing_day")
-AGGREGATE_VALUES = ("currency", "transactions", "quantity", "net", "tax", "total")
-SUMMED = AGGREGATE_VALUES[1:]
+AGGREGATE_KEY = ("batch_id", "account_id", "product", "billing_day", "region", "pricebook")
+AGGREGATE_VALUES = ("currency", "tax_rate", "transactions", "quantity", "net", "tax", "total")
+#: The values the key determines (the first of them is kept), and those summed.
+KEPT = AGGREGATE_VALUES[:2]
+SUMMED = AGGREGATE_VALUES[2:]
 #: How aggregate columns are held in Arrow while folding.
 ARROW_TYPES = {**{f.name: f.type for f in PARTIAL_SCHEMA}, "batch_id": pa.string(), "billing_day": pa.date32()}
 #: A fold's table (see :func:`fold`).
@@ -43,7 +46,8 @@ def of_batches(tables: Sequence[tuple[str, pa.Table]]) -> pa.Table:
 
 
 def fold(table: pa.Table) -> pa.Table:
-    """``table``'s rows summed per aggregate key, exactly, in key order (key, first currency not null, sums).
+    """``table``'s rows summed per aggregate key, exactly, in key order (key, first currency and tax rate not null,
+    sums).
 
     Arrow's integer and decimal sums wrap silently on overflow, so a column whose sum might not fit its
     type is summed in a wider one; a sum that does not fit the stored type then raises ``ValueError``.
@@ -52,16 +56,16 @@ def fold(table: pa.Table) -> pa.Table:
     for name in SUMMED:
         column = table[name]
         summed[name] = column if sum_fits(column) else column.cast(_wider(column.type))
-    kept = {name: table[name] for name in (*AGGREGATE_KEY, "currency")}
+    kept = {name: table[name] for name in (*AGGREGATE_KEY, *KEPT)}
     grouped = (
         pa.table({**kept, **summed})
         .group_by(list(AGGREGATE_KEY), use_threads=False)
-        .aggregate([("currency", "first"), *((name, "sum") for name in SUMMED)])
+        .aggregate([*((name, "first") for name in KEPT), *((name, "sum") for name in SUMMED)])
     )
     folded = pa.table(
         {
             **{key: grouped[key] for key in AGGREGATE_KEY},
-            "currency": grouped["currency_first"],
+            **{name: grouped[f"{name}_first"] for name in KEPT},
             **{name: grouped[f"{name}_sum"].cast(table.schema.field(name).type) for name in SUMMED},
         }
     )

@@ -287,7 +287,9 @@ partials = sa.Table(
     sa.Column("aggregates", sa.LargeBinary, nullable=False),
 )
 
-#: Exact aggregates per (batch, account, product, UTC billing day), written when the batch settles.
+#: Exact aggregates per (batch, account, product, UTC billing day, tax region, price book), written when the batch
+#: settles: the region as resolved (``*`` for none; ``''`` for aggregates from before regions were kept), the content
+#: hash of the price book that rated the rows, and their tax rate as decimal text (NULL before it was kept).
 aggregates = sa.Table(
     "aggregates",
     metadata,
@@ -295,7 +297,24 @@ aggregates = sa.Table(
     sa.Column("account_id", sa.String(64), primary_key=True),
     sa.Column("product", sa.String(255), primary_key=True),
     sa.Column("billing_day", sa.Date, primary_key=True),
+    sa.Column("region", sa.String(64), primary_key=True),
+    sa.Column("pricebook", sa.String(64), primary_key=True),
+    sa.Column("tax_rate", sa.String(32), nullable=True),
     *_sums(),
+)
+
+#: The rows of every price book a batch was rated with, by content hash (store.pricebooks): prices as the decimal
+#: text of the file (an empty off-peak price is the unit price's; an empty minimum charge is NULL).
+price_book_rows = sa.Table(
+    "price_book_rows",
+    metadata,
+    sa.Column("pricebook", sa.String(64), primary_key=True),
+    sa.Column("product", sa.String(255), primary_key=True),
+    sa.Column("currency", sa.String(3), nullable=False),
+    sa.Column("unit", sa.String(32), nullable=False),
+    sa.Column("unit_price", sa.String(32), nullable=False),
+    sa.Column("offpeak_unit_price", sa.String(32), nullable=False),
+    sa.Column("minimum_charge", sa.String(32), nullable=True),
 )
 
 #: Rejected rows of a batch (1-based data row number).
@@ -326,6 +345,9 @@ held = sa.Table(
     sa.Column("account_id", sa.String(64), nullable=False),
     sa.Column("product", sa.String(255), nullable=False),
     sa.Column("billing_day", sa.Date, nullable=False),
+    sa.Column("region", sa.String(64), nullable=False),
+    sa.Column("pricebook", sa.String(64), nullable=False),
+    sa.Column("tax_rate", sa.String(32), nullable=True),
     *_sums(),
 )
 

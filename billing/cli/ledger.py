@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from datetime import UTC, date, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
@@ -41,33 +42,67 @@ def reference(ctx: click.Context, out_dir: Path) -> None:
 @click.option("--pricebook", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("--taxes", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("--sample", is_flag=True, help="The sample price book and tax table (what `billing reference` writes).")
-def reference_set(pricebook: Path | None, taxes: Path | None, sample: bool) -> None:
-    """Register a price book and a tax table (stored by content hash): `billing submit` without --pricebook
-    or --taxes rates with them from now on."""
+@click.option(
+    "--effective-from",
+    metavar="YYYY-MM-DD",
+    help="The UTC date the version is in force from (default: today, UTC; with --sample, every date).",
+)
+def reference_set(pricebook: Path | None, taxes: Path | None, sample: bool, effective_from: str | None) -> None:
+    """Register a price book and a tax table (stored by content hash) as the version in force from a UTC date on
+    (one of the same date is replaced): `billing submit` without --pricebook and --taxes rates each row with the
+    version in force on its date."""
+    from shared.refstore import FIRST_DATE
+
     from .. import client
     from ..sample import sample_price_book_bytes, sample_tax_table_bytes
 
     if sample == (pricebook is not None or taxes is not None) or (not sample and (pricebook is None or taxes is None)):
         raise click.UsageError("give --pricebook and --taxes, or --sample")
+    start = _effective_date(effective_from, FIRST_DATE if sample else datetime.now(UTC).date())
     if sample:
         book, table = sample_price_book_bytes(), sample_tax_table_bytes()
     else:
         assert pricebook is not None and taxes is not None
         book, table = pricebook.read_bytes(), taxes.read_bytes()
-    registered = asyncio.run(client.register(resolve(), book, table))
-    click.echo(f"registered price book {registered.pricebook_hash} and tax table {registered.taxes_hash}")
+    registry = asyncio.run(client.register(resolve(), book, table, start))
+    version = next(r.version for r in registry if r.version.effective_from == start)
+    click.echo(
+        f"registered price book {version.pricebook_hash} and tax table {version.taxes_hash}, in force from {start}"
+    )
 
 
-@reference.command("show")
-def reference_show() -> None:
-    """Print the registered price book's and tax table's content hashes."""
+def _effective_date(text: str | None, default: date) -> date:
+    """The date ``--effective-from`` names (``default`` without it); a text that is not one is a usage error."""
+    if text is None:
+        return default
+    try:
+        if len(text) != len("YYYY-MM-DD"):
+            raise ValueError
+        return date.fromisoformat(text)
+    except ValueError:
+        raise click.BadParameter(f"{text!r} is not a date YYYY-MM-DD", param_hint="--effective-from") from None
+
+
+@reference.command("list")
+@click.option("--json", "as_json", is_flag=True, help="A JSON array of the versions.")
+def reference_list(as_json: bool) -> None:
+    """The registered versions, oldest first: the UTC date each is in force from, its price book's and tax table's
+    content hashes, when it was registered."""
     from .. import client
 
-    registered = asyncio.run(client.registered(resolve()))
-    if registered is None:
+    registry = asyncio.run(client.registry(resolve()))
+    if as_json:
+        click.echo(json.dumps([registered.to_json() for registered in registry], indent=2))
+        return
+    if not registry:
         raise click.ClickException("no reference data registered (billing reference set --pricebook P --taxes T)")
-    click.echo(f"pricebook {registered.pricebook_hash}")
-    click.echo(f"taxes {registered.taxes_hash}")
+    click.echo(f"{'effective_from':<14} {'pricebook':<64} {'taxes':<64} registered_at")
+    for registered in registry:
+        version, at = registered.version, registered.registered_at
+        click.echo(
+            f"{version.effective_from!s:<14} {version.pricebook_hash:<64} {version.taxes_hash:<64} "
+            f"{'-' if at is None else at.isoformat(timespec='seconds')}"
+        )
 
 
 @click.command("void")

@@ -8,13 +8,15 @@ partial products all stay below 2^63 (bounds in :func:`_net`); every per-row res
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from ..errors import InputError, ReferenceDataError
-from .reference import MICRO, PriceBook, TaxTable
-from .schemas import PARTIAL_SCHEMA
+from .reference import MICRO
+from .schemas import PARTIAL_KEY, PARTIAL_SCHEMA
+from .versions import Rates
 
 US_PER_DAY = 86_400 * MICRO
 #: Peak is Monday–Friday, UTC time of day from PEAK_START_US to PEAK_END_US inclusive.
@@ -26,33 +28,36 @@ _MONEY = pa.decimal128(38, 0)
 _SUMS = ("quantity", "net", "tax", "total")
 
 
-def aggregate(accepted: pa.Table, price_book: PriceBook, tax_table: TaxTable) -> pa.Table:
-    """Partial aggregates in ``PARTIAL_SCHEMA``: one row per (account_id, product, billing_day), sorted."""
+def aggregate(accepted: pa.Table, rates: Rates) -> pa.Table:
+    """Partial aggregates in ``PARTIAL_SCHEMA``: one row per (account_id, product, billing_day, region, price book),
+    sorted."""
     groups = (
-        _rated(accepted, price_book, tax_table)
-        .group_by(["account_id", "product", "day"], use_threads=False)
+        _rated(accepted, rates)
+        .group_by(["account_id", "product", "day", "region"], use_threads=False)
         .aggregate([("net", "count"), ("quantity", "sum"), ("net", "sum"), ("tax", "sum"), ("total", "sum")])
     )
     sums = [groups.column(f"{name}_sum").combine_chunks() for name in _SUMS]
-    table = _partials(groups, groups.column("net_count"), sums, price_book)
-    return table.sort_by([(key, "ascending") for key in ("account_id", "product", "billing_day")])
+    table = _partials(groups, groups.column("net_count"), sums, rates)
+    return table.sort_by([(key, "ascending") for key in PARTIAL_KEY])
 
 
-def itemise(accepted: pa.Table, price_book: PriceBook, tax_table: TaxTable) -> pa.Table:
+def itemise(accepted: pa.Table, rates: Rates) -> pa.Table:
     """Each transaction as partial aggregates of its own (``PARTIAL_SCHEMA``, one transaction a row), in
     ``accepted``'s order: rows held until their batch decides whether they are duplicates."""
-    rows = _rated(accepted, price_book, tax_table)
+    rows = _rated(accepted, rates)
     sums = [rows.column(name).combine_chunks() for name in _SUMS]
-    return _partials(rows, pa.array(np.ones(rows.num_rows, dtype=np.int64)), sums, price_book)
+    return _partials(rows, pa.array(np.ones(rows.num_rows, dtype=np.int64)), sums, rates)
 
 
-def _rated(accepted: pa.Table, price_book: PriceBook, tax_table: TaxTable) -> pa.Table:
-    """Per row: account, product index, UTC day number and the amounts, the sums as ``decimal128(38, 0)``."""
-    product, day, net, tax = _rate(accepted, price_book, tax_table)
+def _rated(accepted: pa.Table, rates: Rates) -> pa.Table:
+    """Per row: account, product and region (indexes into ``rates``' tables laid end to end), UTC day number and the
+    amounts, the sums as ``decimal128(38, 0)``."""
+    product, region, day, net, tax = _rate(accepted, rates)
     return pa.table(
         {
             "account_id": accepted.column("account_id"),
             "product": pa.array(product, pa.int32()),
+            "region": pa.array(region, pa.int32()),
             "day": pa.array(day, pa.int32()),
             "quantity": _column(accepted, "quantity_micro").cast(_MONEY),
             "net": pa.array(net).cast(_MONEY),
@@ -62,18 +67,21 @@ def _rated(accepted: pa.Table, price_book: PriceBook, tax_table: TaxTable) -> pa
     )
 
 
-def _partials(
-    keys: pa.Table, transactions: pa.Array | pa.ChunkedArray, sums: list[pa.Array], price_book: PriceBook
-) -> pa.Table:
-    """A ``PARTIAL_SCHEMA`` table from ``keys``' account, product index and day, and the sums of ``_SUMS``."""
+def _partials(keys: pa.Table, transactions: pa.Array | pa.ChunkedArray, sums: list[pa.Array], rates: Rates) -> pa.Table:
+    """A ``PARTIAL_SCHEMA`` table from ``keys``' account, product and region indexes and day, and the sums of
+    ``_SUMS``."""
     quantity, net, tax, total = sums
-    index = keys.column("product").to_numpy()
+    product = pa.array(keys.column("product").to_numpy())
+    region = pa.array(keys.column("region").to_numpy())
     return pa.table(
         {
             "account_id": keys.column("account_id"),
-            "product": price_book.product_array.take(pa.array(index)),
+            "product": rates.product_array.take(product),
             "billing_day": _day_strings(keys.column("day").to_numpy()),
-            "currency": pa.array(price_book.currency[index], pa.string()),
+            "region": rates.region_array.take(region),
+            "pricebook": rates.pricebook_array.take(product),
+            "currency": pa.array(rates.column("currency")[product.to_numpy()], pa.string()),
+            "tax_rate": rates.rate_text_array.take(region),
             "transactions": transactions,
             # the sum of micro-units, unscaled, is the quantity at scale 6
             "quantity": quantity.view(pa.decimal128(38, 6)),
@@ -84,24 +92,28 @@ def _partials(
     ).cast(PARTIAL_SCHEMA)
 
 
-def _rate(
-    accepted: pa.Table, price_book: PriceBook, tax_table: TaxTable
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """(product index, UTC day number, net, tax) per row, as int64 arrays."""
-    product = _lookup(accepted, "product", price_book.product_array, f"price book {price_book.content_hash}")
-    region = _lookup(accepted, "region", tax_table.region_array, f"tax table {tax_table.content_hash}")
+def _rate(accepted: pa.Table, rates: Rates) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(product index, region index, UTC day number, net, tax) per row, as int64 arrays; each row rated with the
+    version in force on its day."""
     quantity = _column(accepted, "quantity_micro").to_numpy(zero_copy_only=False)
     if len(quantity) and (quantity.min() < 0 or quantity.max() > MAX_QUANTITY_MICRO):
         raise InputError("a quantity_micro is outside 0..10^15: not a validated transaction")
     timestamp = _column(accepted, "timestamp_us").to_numpy(zero_copy_only=False)
     day, time_of_day = np.divmod(timestamp, US_PER_DAY)
+    version = rates.in_force(day)
+    if len(version) and version.min() < 0:
+        raise InputError("a row is dated before its first reference data version: not a validated transaction")
+    books = [f"price book {book.content_hash}" for book in rates.books]
+    product = _lookup(accepted, "product", version, rates.products, books)
+    tables = [f"tax table {table.content_hash}" for table in rates.tables]
+    region = _lookup(accepted, "region", version, rates.regions, tables)
     weekday = (day + 3) % 7  # 1970-01-01 was a Thursday; Monday = 0
     peak = (weekday < 5) & (time_of_day >= PEAK_START_US) & (time_of_day <= PEAK_END_US)
-    price = np.where(peak, price_book.unit_micro[product], price_book.offpeak_micro[product])
-    net = _net(quantity, price, 10 ** price_book.digits[product])
-    minimum = price_book.minimum_minor[product]
+    price = np.where(peak, rates.column("unit_micro")[product], rates.column("offpeak_micro")[product])
+    net = _net(quantity, price, 10 ** rates.column("digits")[product])
+    minimum = rates.column("minimum_minor")[product]
     net = np.where((quantity > 0) & (minimum >= 0), np.maximum(net, minimum), net)
-    return product, day, net, _tax(net, tax_table.rate_micro[region])
+    return product, region, day, net, _tax(net, rates.column("rate_micro")[region])
 
 
 def _net(quantity: np.ndarray, price: np.ndarray, scale: np.ndarray) -> np.ndarray:
@@ -127,15 +139,21 @@ def _tax(net: np.ndarray, rate: np.ndarray) -> np.ndarray:
     return tax
 
 
-def _lookup(accepted: pa.Table, name: str, known: pa.Array, source: str) -> np.ndarray:
-    """Positions of a column's values in ``known``; :class:`ReferenceDataError` for an unknown one."""
+def _lookup(
+    accepted: pa.Table,
+    name: str,
+    version: np.ndarray,
+    positions: Callable[[pa.Array, np.ndarray], np.ndarray],
+    sources: list[str],
+) -> np.ndarray:
+    """Each row's value of column ``name`` as a position by ``positions``; :class:`ReferenceDataError` for one its
+    version does not know."""
     values = _column(accepted, name)
-    index = pc.index_in(values, value_set=known)
-    if index.null_count:
-        unknown = values.filter(pc.is_null(index))[0]
-        raise ReferenceDataError(f"{name} {unknown!s} is not in {source}")
-    positions: np.ndarray = index.to_numpy().astype(np.int64)
-    return positions
+    found = positions(values, version)
+    unknown = np.flatnonzero(found < 0)
+    if len(unknown):
+        raise ReferenceDataError(f"{name} {values[int(unknown[0])]!s} is not in {sources[version[unknown[0]]]}")
+    return found
 
 
 def _day_strings(day: np.ndarray) -> pa.Array:

@@ -29,9 +29,15 @@ DEFAULT_REGION = "*"
 MICRO = 1_000_000
 MAX_PRICE_MICRO = 1_000_000 * MICRO
 MAX_RATE_MICRO = MICRO
+#: The longest region code a tax table may list (what the store keeps of it per aggregate).
+MAX_REGION = 64
 
 _DECIMAL = re.compile(r"([+-]?)([0-9]+)(?:\.([0-9]+))?")
 _PRICE_COLUMNS = ("product", "currency", "unit_price", "offpeak_unit_price", "minimum_charge")
+#: The price book's optional column: what a product's quantity counts (text of 1 to 32 characters).
+_UNIT_COLUMN = "unit"
+DEFAULT_UNIT = "unit"
+_MAX_UNIT = 32
 _TAX_COLUMNS = ("region", "tax_rate")
 
 
@@ -44,15 +50,25 @@ def money(minor: int, currency: str) -> str:
     return f"{sign}{whole:,}" + (f".{fraction:0{digits}d}" if digits else "") + f" {currency}"
 
 
+def decimal_text(micro: int) -> str:
+    """Micro-units as a normalised decimal text: no trailing zeros, no point for a whole number
+    (``200_000`` → ``0.2``, ``0`` → ``0``, ``1_000_000`` → ``1``)."""
+    whole, fraction = divmod(micro, MICRO)
+    return f"{whole}.{fraction:06d}".rstrip("0") if fraction else str(whole)
+
+
 @dataclass(frozen=True)
 class ProductPrice:
-    """One product's prices, in micro-units of ``currency``."""
+    """One product's prices, in micro-units of ``currency``, and as the price book writes them (``texts``: unit
+    price, off-peak unit price (the unit price's where empty), minimum charge (empty for none))."""
 
     currency: str
     digits: int
     unit_price: int
     offpeak_price: int
     minimum_charge: int | None
+    unit: str = DEFAULT_UNIT
+    texts: tuple[str, str, str] = ("", "", "")
 
 
 @dataclass(frozen=True)
@@ -127,7 +143,7 @@ def load_price_book(data: bytes) -> PriceBook:
     products: list[str] = []
     prices: list[ProductPrice] = []
     seen: dict[str, int] = {}
-    for line, row in _rows(data, "price book", _PRICE_COLUMNS):
+    for line, row in _rows(data, "price book", _PRICE_COLUMNS, optional=(_UNIT_COLUMN,)):
         product = row["product"]
         if not product:
             raise ReferenceDataError(f"price book line {line}: product is empty")
@@ -150,7 +166,10 @@ def load_price_book(data: bytes) -> PriceBook:
             _amount(minimum_text, f"price book line {line}: minimum_charge", MAX_PRICE_MICRO) if minimum_text else None
         )
         products.append(product)
-        prices.append(ProductPrice(currency, CURRENCY_DIGITS[currency], unit, offpeak, minimum))
+        texts = (row["unit_price"], offpeak_text or row["unit_price"], minimum_text)
+        prices.append(
+            ProductPrice(currency, CURRENCY_DIGITS[currency], unit, offpeak, minimum, _unit(row, line), texts)
+        )
     if not products:
         raise ReferenceDataError("price book has no products")
     return PriceBook(hashlib.sha256(data).hexdigest(), tuple(products), tuple(prices))
@@ -169,6 +188,8 @@ def load_tax_table(data: bytes) -> TaxTable:
             raise ReferenceDataError(
                 f"tax table line {line}: duplicate region {region!r} (first on line {seen[region]})"
             )
+        if len(region) > MAX_REGION:
+            raise ReferenceDataError(f"tax table line {line}: region {region!r} is longer than {MAX_REGION} characters")
         seen[region] = line
         regions.append(region)
         rates.append(_amount(row["tax_rate"], f"tax table line {line}: tax_rate", MAX_RATE_MICRO))
@@ -177,8 +198,19 @@ def load_tax_table(data: bytes) -> TaxTable:
     return TaxTable(hashlib.sha256(data).hexdigest(), tuple(regions), tuple(rates))
 
 
-def _rows(data: bytes, what: str, required: tuple[str, ...]) -> Iterator[tuple[int, dict[str, str]]]:
-    """(line number, stripped cells by column) for each non-empty data row of a CSV."""
+def _unit(row: dict[str, str], line: int) -> str:
+    """A price book row's unit: its ``unit`` cell, :data:`DEFAULT_UNIT` where the column or the cell is empty."""
+    unit = row.get(_UNIT_COLUMN) or DEFAULT_UNIT
+    if len(unit) > _MAX_UNIT:
+        raise ReferenceDataError(f"price book line {line}: unit {unit!r} is longer than {_MAX_UNIT} characters")
+    return unit
+
+
+def _rows(
+    data: bytes, what: str, required: tuple[str, ...], optional: tuple[str, ...] = ()
+) -> Iterator[tuple[int, dict[str, str]]]:
+    """(line number, stripped cells by column) for each non-empty data row of a CSV: the ``required`` columns, and
+    those of ``optional`` the header has."""
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -191,7 +223,7 @@ def _rows(data: bytes, what: str, required: tuple[str, ...]) -> Iterator[tuple[i
             raise ReferenceDataError(f"{what} line 1: missing column(s) {', '.join(missing)}")
         if len(set(header)) != len(header):
             raise ReferenceDataError(f"{what} line 1: duplicate column names")
-        positions = {name: header.index(name) for name in required}
+        positions = {name: header.index(name) for name in (*required, *optional) if name in header}
         for cells in reader:
             if not cells:
                 continue

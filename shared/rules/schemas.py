@@ -5,13 +5,17 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-#: A rated work item's partial aggregates: one row per (account_id, product, billing_day).
+#: A rated work item's partial aggregates: one row per key (account_id, product, billing_day, region, pricebook).
+#: The tax rate follows from the key (a day's version names the tax table, the region its rate).
 PARTIAL_SCHEMA = pa.schema(
     [
         ("account_id", pa.string()),
         ("product", pa.string()),
         ("billing_day", pa.string()),  # YYYY-MM-DD, UTC
+        ("region", pa.string()),  # the resolved tax region, "*" for none
+        ("pricebook", pa.string()),  # the content hash of the price book that rated the rows
         ("currency", pa.string()),
+        ("tax_rate", pa.string()),  # the rows' tax rate as normalised decimal text ("0.2", "0")
         ("transactions", pa.int64()),
         ("quantity", pa.decimal128(38, 6)),
         ("net", pa.decimal128(38, 0)),  # minor units of `currency`
@@ -19,6 +23,8 @@ PARTIAL_SCHEMA = pa.schema(
         ("total", pa.decimal128(38, 0)),
     ]
 )
+
+PARTIAL_KEY = ("account_id", "product", "billing_day", "region", "pricebook")
 
 #: Rejected rows: 1-based data row number, stable reason code, the raw row as JSON text.
 REJECT_SCHEMA = pa.schema([("row", pa.int64()), ("reason", pa.string()), ("raw", pa.string())])

@@ -23,8 +23,9 @@ import pyarrow.compute as pc
 
 from .batchfile import raw_texts
 from .rating import PEAK_END_US, US_PER_DAY
-from .reference import DEFAULT_REGION, MICRO, PriceBook, TaxTable
+from .reference import DEFAULT_REGION, MICRO
 from .schemas import REJECT_SCHEMA
+from .versions import Rates
 
 #: Validated transactions, as rating reads them.
 ACCEPTED_SCHEMA = pa.schema(
@@ -52,6 +53,7 @@ REASONS = (
     "quantity_out_of_range",
     "too_many_decimals",
     "unknown_region",
+    "no_reference_data",
     "duplicate_transaction_id",
 )
 
@@ -82,9 +84,11 @@ def _month_starts() -> np.ndarray:
 _MONTH_START = _month_starts()
 
 
-def validate(chunk: pa.Table, price_book: PriceBook, tax_table: TaxTable) -> tuple[pa.Table, pa.Table]:
+def validate(chunk: pa.Table, rates: Rates) -> tuple[pa.Table, pa.Table]:
     """Split raw rows into (otherwise valid in ``ACCEPTED_SCHEMA``, rejects in ``REJECT_SCHEMA``), in
-    the chunk's order: every rule but ``duplicate_transaction_id`` (see :mod:`.duplicates`).
+    the chunk's order: every rule but ``duplicate_transaction_id`` (see :mod:`.duplicates`). Product and region are
+    checked against the version of ``rates`` in force on the row's UTC date; a row dated before the first version is
+    ``no_reference_data`` (its product and region cannot be checked).
 
     ``chunk`` is one of :func:`~shared.rules.batchfile.read_chunks`, or rows taken from one: the string
     columns of ``FIELDS`` (null = absent, not yet stripped), ``row``, and what the raw text of the
@@ -100,13 +104,15 @@ def validate(chunk: pa.Table, price_book: PriceBook, tax_table: TaxTable) -> tup
     bad_tx = ~_matches(values["transaction_id"], _ID)
     bad_account = ~_matches(values["account_id"], _ID)
     ts_status, timestamp_us = _parse_timestamps(values["timestamp"])
-    unknown_product = ~_to_bool(pc.is_in(values["product"], value_set=price_book.product_array))
+    version = rates.in_force(timestamp_us // US_PER_DAY)
+    dated = version >= 0
+    unknown_product = dated & (rates.products(values["product"], version) < 0)
     q_status, quantity_micro = _parse_quantities(values["quantity"])
     region = pc.if_else(pa.array(present["region"]), values["region"], DEFAULT_REGION)
-    unknown_region = ~_to_bool(pc.is_in(region, value_set=tax_table.region_array))
+    unknown_region = dated & (rates.regions(region, version) < 0)
 
     rules = [missing, bad_tx, bad_account, ts_status == 1, ts_status == 2, unknown_product]
-    rules += [q_status == code for code in (1, 2, 3, 4)] + [unknown_region]
+    rules += [q_status == code for code in (1, 2, 3, 4)] + [unknown_region, ~dated]
     reason = np.select(rules, np.arange(1, len(rules) + 1, dtype=np.int8), default=0).astype(np.int8)
 
     keep = reason == 0

@@ -126,6 +126,7 @@ def test_a_store_made_before_the_ledger_upgrades_in_place_and_is_used(sql_url: s
             conn.execute(sa.insert(batches).values(**common, **values, refused_reason=refused))
         for batch_id, net in (("old-a", 11), ("old-b", 22)):
             row: dict[str, object] = {**partial("acct-1", net=net, tax=1), "billing_day": T0.date()}
+            row = {k: v for k, v in row.items() if k in stored_aggregates.c}  # the columns of revision 0007
             if engine.dialect.name == "sqlite":  # money and quantity as decimal text there
                 row = {k: format(v, "f") if isinstance(v, Decimal) else v for k, v in row.items()}
             conn.execute(sa.insert(stored_aggregates).values(batch_id=batch_id, **row))

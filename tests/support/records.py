@@ -25,13 +25,19 @@ def partial(
     quantity: Decimal | str = "1.5",
     net: int = 100,
     tax: int = 20,
+    region: str = "*",
+    pricebook: str = "pb",
+    tax_rate: str = "0.2",
 ) -> dict[str, Any]:
     """One row of partial aggregates (``PARTIAL_SCHEMA``); total = net + tax."""
     return {
         "account_id": account,
         "product": product,
         "billing_day": day,
+        "region": region,
+        "pricebook": pricebook,
         "currency": currency,
+        "tax_rate": tax_rate,
         "transactions": transactions,
         "quantity": Decimal(quantity),
         "net": Decimal(net),

@@ -1,5 +1,5 @@
-"""Reference data registered, not implied: ``billing reference set`` names the price book and tax table a
-batch submitted without its own is rated with; with none registered ``billing submit`` refuses."""
+"""Reference data registered, not implied: ``billing reference set`` registers the price book and tax table a batch
+submitted without its own is rated with, from a date on; with none registered ``billing submit`` refuses."""
 
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ def test_submit_without_reference_data_refuses_until_a_set_is_registered_then_ra
     assert refused.returncode == 2
     assert len(refused.stderr.strip().splitlines()) == 1 and "Traceback" not in refused.stderr
     assert "no reference data registered" in refused.stderr and "billing reference set" in refused.stderr
-    shown = billing("reference", "show")
+    shown = billing("reference", "list")
     assert shown.returncode == 1 and "no reference data registered" in shown.stderr
 
     # A price book of its own (the sample's, one price changed): not the sample's hash.
@@ -53,11 +53,16 @@ def test_submit_without_reference_data_refuses_until_a_set_is_registered_then_ra
     pricebook, taxes = tmp_path / "prices.csv", tmp_path / "taxes.csv"
     pricebook.write_text("\n".join([lines[0], ",".join(cells), *lines[2:]]) + "\n")
     taxes.write_bytes(sample_tax_table_bytes())
-    done = billing("reference", "set", "--pricebook", str(pricebook), "--taxes", str(taxes))
+    done = billing(
+        "reference", "set", "--pricebook", str(pricebook), "--taxes", str(taxes), "--effective-from", "2026-03-01"
+    )
     assert done.returncode == 0, done.stderr
     book_hash = hashlib.sha256(pricebook.read_bytes()).hexdigest()
     taxes_hash = hashlib.sha256(taxes.read_bytes()).hexdigest()
-    assert billing("reference", "show").stdout.split() == ["pricebook", book_hash, "taxes", taxes_hash]
+    listed = json.loads(billing("reference", "list", "--json").stdout)
+    assert [(v["effective_from"], v["pricebook"], v["taxes"]) for v in listed] == [
+        ("2026-03-01", book_hash, taxes_hash)
+    ]
 
     assert billing("submit", str(batch), "--batch-id", "registered").returncode == 0
     sample = tmp_path / "sample.csv"
@@ -78,13 +83,13 @@ def test_submit_without_reference_data_refuses_until_a_set_is_registered_then_ra
 
 def test_invalid_reference_data_is_never_registered(settings_env: Settings, tmp_path: Path) -> None:
     assert billing("reference", "set", "--sample").returncode == 0
-    before = billing("reference", "show").stdout
+    before = billing("reference", "list", "--json").stdout
     pricebook, taxes = tmp_path / "prices.csv", tmp_path / "taxes.csv"
     pricebook.write_bytes(sample_price_book_bytes())
     taxes.write_text("region,tax_rate\nDE,0.19\n")  # no default `*` row
     refused = billing("reference", "set", "--pricebook", str(pricebook), "--taxes", str(taxes))
     assert refused.returncode == 2 and "*" in refused.stderr and len(refused.stderr.strip().splitlines()) == 1
-    assert billing("reference", "show").stdout == before
+    assert billing("reference", "list", "--json").stdout == before
     for args in (("--pricebook", str(pricebook)), ("--sample", "--taxes", str(taxes)), ()):
         usage = billing("reference", "set", *args)
         assert usage.returncode == 2 and "--pricebook and --taxes, or --sample" in usage.stderr

@@ -19,6 +19,7 @@ from shared.rules.rating import aggregate, itemise
 from shared.rules.reference import PriceBook, TaxTable, load_price_book, load_tax_table
 from shared.rules.schemas import PARTIAL_SCHEMA
 from shared.rules.validation import validate
+from shared.rules.versions import Rates
 
 PRICES = """product,currency,unit_price,offpeak_unit_price,minimum_charge
 usd,USD,0.015,0.01,
@@ -56,13 +57,13 @@ BOUNDARIES = [
 
 def rate(accepted: pa.Table, price_book: PriceBook, tax_table: TaxTable) -> pd.DataFrame:
     """Each row's amounts as :func:`itemise` rates them (held repeats are rated so)."""
-    itemised = itemise(accepted, price_book, tax_table)
+    itemised = itemise(accepted, Rates.single(price_book, tax_table))
     assert itemised.schema == PARTIAL_SCHEMA and itemised["transactions"].to_pylist() == [1] * accepted.num_rows
     return itemised.select(["net", "tax", "total", "currency", "billing_day"]).to_pandas()
 
 
 def accepted_table(rows: list[dict[str, str | None]]) -> tuple[pa.Table, list[Row]]:
-    good, bad = validate(raw_chunk(rows), BOOK, TAXES)
+    good, bad = validate(raw_chunk(rows), Rates.single(BOOK, TAXES))
     assert bad.num_rows == 0, bad.to_pylist()[:3]
     model = check_batch(rows, MODEL_PRICES, MODEL_RATES)
     assert all(isinstance(r, Row) for r in model)
@@ -172,33 +173,36 @@ def test_aggregates_sum_exactly_beyond_64_bits() -> None:
         for i in range(20)
     ]
     good, model = accepted_table(rows)
-    partials = aggregate(good, BOOK, TAXES)
+    partials = aggregate(good, Rates.single(BOOK, TAXES))
     assert partials.schema == PARTIAL_SCHEMA
-    want: dict[tuple[str, str, str], list] = defaultdict(lambda: [0, Decimal(0), 0, 0, 0, ""])
+    want: dict[tuple[str, ...], list] = defaultdict(lambda: [0, Decimal(0), 0, 0, 0, "", BOOK.content_hash, ""])
     for row in model:
         rated = rate_row(row, MODEL_PRICES, MODEL_RATES)
-        acc = want[row.account_id, row.product, rated.billing_day]
+        acc = want[row.account_id, row.product, rated.billing_day, row.region]
         acc[0] += 1
         acc[1] += row.quantity
         acc[2] += rated.net
         acc[3] += rated.tax
         acc[4] += rated.total
         acc[5] = rated.currency
+        acc[7] = rated.tax_rate
     got = {
-        (r["account_id"], r["product"], r["billing_day"]): [
+        (r["account_id"], r["product"], r["billing_day"], r["region"]): [
             r["transactions"],
             r["quantity"],
             int(r["net"]),
             int(r["tax"]),
             int(r["total"]),
             r["currency"],
+            r["pricebook"],
+            r["tax_rate"],
         ]
         for r in partials.to_pylist()
     }
     assert got == {k: v for k, v in want.items()}
-    keys = [(r["account_id"], r["product"], r["billing_day"]) for r in partials.to_pylist()]
+    keys = [(r["account_id"], r["product"], r["billing_day"], r["region"]) for r in partials.to_pylist()]
     assert keys == sorted(keys)
-    assert got["whale", "kwd", "2026-03-02"][4] == 20 * 2 * 10**18 > 2**63
+    assert got["whale", "kwd", "2026-03-02", "all"][4] == 20 * 2 * 10**18 > 2**63
 
 
 def test_empty_and_unknown_reference() -> None:
@@ -213,11 +217,11 @@ def test_empty_and_unknown_reference() -> None:
             }
         ]
     )
-    assert aggregate(good.slice(0, 0), BOOK, TAXES).num_rows == 0
+    assert aggregate(good.slice(0, 0), Rates.single(BOOK, TAXES)).num_rows == 0
     assert rate(good.slice(0, 0), BOOK, TAXES).empty
     other = load_price_book(b"product,currency,unit_price,offpeak_unit_price,minimum_charge\nx,USD,1,,\n")
     with pytest.raises(ReferenceDataError, match="product usd is not in price book"):
-        aggregate(good, other, TAXES)
+        aggregate(good, Rates.single(other, TAXES))
 
 
 CURRENCIES = {"USD": 2, "JPY": 0, "BHD": 3}
@@ -261,7 +265,7 @@ def test_arithmetic_matches_the_model(
                 "quantity": f"{q // 10**6}.{q % 10**6:06d}",
             }
         )
-    good, bad = validate(raw_chunk(raw), book, taxes)
+    good, bad = validate(raw_chunk(raw), Rates.single(book, taxes))
     assert bad.num_rows == 0
     got = rate(good, book, taxes)
     model_prices, model_rates = read_prices(prices), read_rates(rates)
@@ -274,5 +278,5 @@ def test_arithmetic_matches_the_model(
             want.total,
             want.billing_day,
         )
-    partials = aggregate(good, book, taxes)
+    partials = aggregate(good, Rates.single(book, taxes))
     assert sum(int(t) for t in partials.column("total").to_pylist()) == sum(int(t) for t in got.total)

@@ -7,7 +7,7 @@ import hashlib
 import pytest
 
 from shared.errors import ReferenceDataError
-from shared.rules.reference import CURRENCY_DIGITS, ProductPrice, load_price_book, load_tax_table
+from shared.rules.reference import CURRENCY_DIGITS, ProductPrice, decimal_text, load_price_book, load_tax_table
 
 HEADER = "product,currency,unit_price,offpeak_unit_price,minimum_charge\n"
 
@@ -23,12 +23,38 @@ def test_price_book_values_are_exact_micro_units() -> None:
     book = load_price_book(data)
     assert book.content_hash == hashlib.sha256(data).hexdigest()
     assert book.products == ("cpu", "disk", "net")
-    assert book.get("cpu") == ProductPrice("USD", 2, 1, 1, None)
-    assert book.get("disk") == ProductPrice("JPY", 0, 1_000_000_000_000, 0, 12_500_000)
-    assert book.get("net") == ProductPrice("BHD", 3, 500, 400, 1)
+    assert book.get("cpu") == ProductPrice("USD", 2, 1, 1, None, "unit", ("0.000001", "0.000001", ""))
+    assert book.get("disk") == ProductPrice(
+        "JPY", 0, 1_000_000_000_000, 0, 12_500_000, "unit", ("1000000", "0", "12.5")
+    )
+    assert book.get("net") == ProductPrice("BHD", 3, 500, 400, 1, "unit", ("0.0005", "0.0004", "0.000001"))
     assert book.get("missing") is None
     assert book.minimum_minor.tolist() == [-1, 13, 0]  # 12.5 JPY -> 13, 0.000001 BHD -> 0
     assert CURRENCY_DIGITS["KWD"] == 3
+
+
+def test_a_price_book_may_name_each_product_s_unit() -> None:
+    header = "product,currency,unit_price,offpeak_unit_price,minimum_charge,unit\n"
+    book = load_price_book((header + "cpu,USD,1,,,vCPU-hour\nnet,USD,1,,,\n").encode())
+    assert [price.unit for price in book.prices] == ["vCPU-hour", "unit"]
+    with pytest.raises(ReferenceDataError, match=r"line 2: unit 'x{33}' is longer than 32"):
+        load_price_book((header + f"cpu,USD,1,,,{'x' * 33}\n").encode())
+
+
+def test_rates_are_normalised_decimal_text() -> None:
+    assert [decimal_text(m) for m in (0, 200_000, 190_000, 1_000_000, 123_457, 1)] == [
+        "0",
+        "0.2",
+        "0.19",
+        "1",
+        "0.123457",
+        "0.000001",
+    ]
+
+
+def test_a_region_longer_than_the_store_keeps_is_refused() -> None:
+    with pytest.raises(ReferenceDataError, match=r"line 3: region 'r{65}' is longer than 64"):
+        load_tax_table(f"region,tax_rate\n*,0\n{'r' * 65},0\n".encode())
 
 
 def test_tax_table() -> None:

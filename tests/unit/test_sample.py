@@ -23,6 +23,7 @@ from billing.sample import (
 from shared.rules.batchfile import FORMATS, RAW_COLUMNS, read_chunks
 from shared.rules.reference import load_price_book, load_tax_table
 from shared.rules.validation import validate
+from shared.rules.versions import Rates
 
 _ID = re.compile(r"[A-Za-z0-9._:-]{1,64}")
 _TIMESTAMP = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d+)?(Z|[+-]\d{2}:\d{2})")
@@ -97,7 +98,8 @@ def test_messy_file_bills_as_the_clean_one(tmp_path: Path) -> None:
     def validated(path: Path) -> tuple[pa.Table, list[tuple[int, str]]]:
         book_, taxes_ = load_price_book(book), load_tax_table(taxes)
         with path.open("rb") as source:
-            parts = [validate(chunk, book_, taxes_) for chunk in read_chunks(source, "csv", chunk_rows=3_000)]
+            rates = Rates.single(book_, taxes_)
+            parts = [validate(chunk, rates) for chunk in read_chunks(source, "csv", chunk_rows=3_000)]
         accepted = pa.concat_tables([part[0] for part in parts])
         rejects = [(r["row"], r["reason"]) for part in parts for r in part[1].to_pylist()]
         return accepted, rejects

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import random
-from datetime import datetime, timedelta
+from datetime import date, datetime, timedelta
 from pathlib import Path
 
 import pyarrow as pa
@@ -13,18 +13,41 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from benchmarks.reference_model import Row, check_batch, raw_chunk, read_prices, read_rates
+from benchmarks.reference_model import (
+    Row,
+    check_batch,
+    check_batch_dated,
+    raw_chunk,
+    read_prices,
+    read_rates,
+    read_version,
+)
 from shared.rules.batchfile import read_chunks
 from shared.rules.duplicates import FirstOccurrences, keep_first
 from shared.rules.reference import load_price_book, load_tax_table
 from shared.rules.schemas import REJECT_SCHEMA
 from shared.rules.validation import ACCEPTED_SCHEMA, REASONS, validate
+from shared.rules.versions import Rates
 from support.batchfiles import with_raw
 
 PRICES = "product,currency,unit_price,offpeak_unit_price,minimum_charge\ncpu,USD,0.5,,\nGPU,EUR,2,1,\n"
 RATES = "region,tax_rate\n*,0.2\nDE,0.19\nfr,0.055\n"
 BOOK, TAXES = load_price_book(PRICES.encode()), load_tax_table(RATES.encode())
 MODEL_PRICES, MODEL_RATES = read_prices(PRICES), read_rates(RATES)
+#: Two versions: the first from 2024-03-01 (a row dated before is ``no_reference_data``); the second, from
+#: 2026-03-03, without GPU and region fr (known the day before, unknown from then on).
+PRICES_LATER = "product,currency,unit_price,offpeak_unit_price,minimum_charge\ncpu,USD,0.75,,\n"
+RATES_LATER = "region,tax_rate\n*,0.2\nDE,0.19\n"
+DATED = Rates.of(
+    [
+        (date(2024, 3, 1), BOOK, TAXES),
+        (date(2026, 3, 3), load_price_book(PRICES_LATER.encode()), load_tax_table(RATES_LATER.encode())),
+    ]
+)
+MODEL_DATED = [
+    read_version(date(2024, 3, 1), PRICES, RATES),
+    read_version(date(2026, 3, 3), PRICES_LATER, RATES_LATER),
+]
 
 GOOD = {
     "transaction_id": "t",
@@ -169,7 +192,7 @@ def run(rows: list[dict[str, str | None]], chunk_size: int) -> tuple[pa.Table, p
         chunk = raw_chunk(rows[start : start + chunk_size], start + 1)
         ids = pc.utf8_trim_whitespace(chunk.column("transaction_id").combine_chunks())
         chunk = chunk.append_column("repeat_of", pa.array(first.repeat_of(ids, chunk.column("row").to_numpy())))
-        good, bad = validate(chunk, BOOK, TAXES)
+        good, bad = validate(chunk, DATED)
         assert good.schema == ACCEPTED_SCHEMA and bad.schema == REJECT_SCHEMA
         repeats = chunk.filter(pc.greater(chunk.column("repeat_of"), 0))
         held = pc.is_in(good.column("row"), value_set=repeats.column("row"))
@@ -204,7 +227,7 @@ def run(rows: list[dict[str, str | None]], chunk_size: int) -> tuple[pa.Table, p
 
 
 def assert_matches_model(rows: list[dict[str, str | None]], chunk_size: int) -> list[Row | str]:
-    expected = check_batch(rows, MODEL_PRICES, MODEL_RATES)
+    expected = check_batch_dated(rows, MODEL_DATED)
     good, bad = run(rows, chunk_size)
     assert good.num_rows + bad.num_rows == len(rows)
     reasons = {
@@ -274,7 +297,7 @@ def test_every_value_in_every_field(field: str, value: str | None) -> None:
     ],
 )
 def test_precedence(row: dict[str, str | None], reason: str | None) -> None:
-    _, bad = validate(raw_chunk([row]), BOOK, TAXES)
+    _, bad = validate(raw_chunk([row]), Rates.single(BOOK, TAXES))
     assert bad.column("reason").to_pylist() == ([reason] if reason else [])
     assert check_batch([row], MODEL_PRICES, MODEL_RATES)[0] == reason or reason is None
 
@@ -301,7 +324,7 @@ def test_duplicates_keep_the_first_valid_occurrence_across_chunks() -> None:
 
 def test_region_column_entirely_null() -> None:
     chunk = raw_chunk([GOOD, GOOD | {"transaction_id": "u"}]).set_column(5, "region", pa.nulls(2))
-    good, bad = validate(chunk, BOOK, TAXES)
+    good, bad = validate(chunk, Rates.single(BOOK, TAXES))
     assert good.column("region").to_pylist() == ["*", "*"] and bad.num_rows == 0
 
 
@@ -356,7 +379,7 @@ def test_rejects_of_a_file_carry_their_rows_raw_text(tmp_path: Path) -> None:
     )
     with path.open("rb") as source:
         [chunk] = read_chunks(source, "csv")
-    good, bad = validate(chunk, BOOK, TAXES)
+    good, bad = validate(chunk, Rates.single(BOOK, TAXES))
     assert good["row"].to_pylist() == [1]
     assert bad["row"].to_pylist() == [2, 3, 4]
     assert bad["reason"].to_pylist() == ["unknown_product", "negative_quantity", "missing_field"]

@@ -22,7 +22,7 @@ from alembic import op
 from store.schema import UTCDateTime, money_type, quantity_type
 
 revision: str = "0015"
-down_revision: str | None = "0013"
+down_revision: str | None = "0014"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
