@@ -92,8 +92,16 @@ def _primary_key(columns: list[str]) -> None:
         op.drop_constraint("aggregates_pkey", "aggregates", type_="primary")
         op.create_primary_key("aggregates_pkey", "aggregates", columns)
         return
-    with op.batch_alter_table("aggregates", recreate="always") as batch:
-        batch.create_primary_key("aggregates_pkey", columns)
+    reflected = sa.Table("aggregates", sa.MetaData(), autoload_with=op.get_bind())
+    keyed = sa.Table(
+        "aggregates",
+        sa.MetaData(),
+        *(sa.Column(c.name, c.type, primary_key=c.name in columns, nullable=c.nullable) for c in reflected.columns),
+    )
+    for index in reflected.indexes:
+        sa.Index(index.name, *(keyed.c[c.name] for c in index.columns), unique=index.unique)
+    with op.batch_alter_table("aggregates", recreate="always", copy_from=keyed):
+        pass
 
 
 def _encode(table: pa.Table) -> bytes:
