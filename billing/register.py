@@ -1,6 +1,7 @@
-"""The register export (``billing documents export``): the issued documents, one record each, or their lines, as
-a CSV or Parquet file an accountant loads. Money in integer minor units (``decimal128(38, 0)``: exact past
-2^63, as the store keeps it); ``corrects`` a list in Parquet, space-separated numbers in CSV."""
+"""The register export (``billing documents export``): the issued documents, one record each, their lines, or
+their tax per rate, as a CSV or Parquet file an accountant loads. Money in integer minor units
+(``decimal128(38, 0)``: exact past 2^63, as the store keeps it); ``corrects`` a list in Parquet, space-separated
+numbers in CSV, and a tax entry's ``regions`` likewise."""
 
 from __future__ import annotations
 
@@ -20,9 +21,9 @@ from shared.errors import InputError
 if TYPE_CHECKING:
     from store import Document
 
-What = Literal["documents", "lines"]
+What = Literal["documents", "lines", "taxes"]
 Format = Literal["csv", "parquet"]
-WHATS: tuple[What, ...] = ("documents", "lines")
+WHATS: tuple[What, ...] = ("documents", "lines", "taxes")
 FORMATS: tuple[Format, ...] = ("csv", "parquet")
 MONEY = pa.decimal128(38, 0)
 QUANTITY = pa.decimal128(38, 6)
@@ -73,13 +74,37 @@ def _lines(docs: Sequence[Document], fmt: Format) -> pa.Table:
                 m: pa.array([Decimal(getattr(line.sums, m)) for _, line in rows], MONEY)
                 for m in ("net", "tax", "total")
             },
+            "pricebook": pa.array([line.pricebook or None for _, line in rows], pa.string()),
+            **{
+                name: pa.array([getattr(line.price, name) if line.price else None for _, line in rows], pa.string())
+                for name in ("unit", "unit_price", "offpeak_unit_price")
+            },
+        }
+    )
+
+
+def _taxes(docs: Sequence[Document], fmt: Format) -> pa.Table:
+    rows = [(d, tax) for d in docs for tax in d.taxes]
+    regions: pa.Array = (
+        pa.array([list(tax.regions) for _, tax in rows], pa.list_(pa.string()))
+        if fmt == "parquet"
+        else pa.array([" ".join(tax.regions) for _, tax in rows], pa.string())
+    )
+    return pa.table(
+        {
+            "number": pa.array([d.number for d, _ in rows], pa.int64()),
+            "display_number": pa.array([d.display_number for d, _ in rows], pa.string()),
+            "rate": pa.array([tax.rate for _, tax in rows], pa.string()),
+            "regions": regions,
+            **{m: pa.array([Decimal(getattr(tax, m)) for _, tax in rows], MONEY) for m in ("net", "tax")},
         }
     )
 
 
 def register(docs: Sequence[Document], what: What, fmt: Format) -> pa.Table:
-    """The documents (one row each) or their lines (one row each, by document number and product) as a table."""
-    return (_documents if what == "documents" else _lines)(docs, fmt)
+    """The documents (one row each), their lines (one row each, by document number, product and price book) or
+    their tax entries (one row each, by document number and rate) as a table."""
+    return {"documents": _documents, "lines": _lines, "taxes": _taxes}[what](docs, fmt)
 
 
 def write_register(table: pa.Table, fmt: Format, out: Path) -> None:

@@ -19,7 +19,12 @@ from ..ledger import close_summary, void_batch
 from ..sql import open_store
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable
+
     from store import Document
+
+#: How many characters of a price book's hash a table shows.
+HASH_SHOWN = 12
 
 
 @click.group("reference", invoke_without_command=True)
@@ -217,13 +222,15 @@ def documents_show(number: int, fmt: str, output: Path | None) -> None:
 
 @documents_group.command("export")
 @click.option("--period", help="Only this billing period (YYYY-MM).")
-@click.option("--what", type=click.Choice(["documents", "lines"]), default="documents", show_default=True)
+@click.option("--what", type=click.Choice(["documents", "lines", "taxes"]), default="documents", show_default=True)
 @click.option("--format", "fmt", type=click.Choice(["csv", "parquet"]), required=True)
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), required=True, help="The file to write.")
 def documents_export(period: str | None, what: str, fmt: str, out: Path) -> None:
     """Export the register: one record per document (number, display number, kind, period, account, the
-    customer's name, currency, net, tax, total, issued, due, what it corrects) or per line (number, display
-    number, product, transactions, quantity, net, tax, total), money in integer minor units."""
+    customer's name, currency, net, tax, total, issued, due, what it corrects), per line (number, display
+    number, product, transactions, quantity, net, tax, total, price book, unit, unit price, off-peak unit price)
+    or per tax rate of a document (number, display number, rate, regions, net, tax), money in integer minor
+    units."""
     from shared.settings import Settings
 
     from ..register import Format, What, register, write_register
@@ -233,11 +240,13 @@ def documents_export(period: str | None, what: str, fmt: str, out: Path) -> None
         found = store.documents(period=checked)
     table = register(found, cast("What", what), cast("Format", fmt))
     write_register(table, cast("Format", fmt), out)
-    click.echo(f"wrote {table.num_rows} {what[:-1]} record(s) to {out}")
+    record = {"documents": "document", "lines": "line", "taxes": "tax"}[what]
+    click.echo(f"wrote {table.num_rows} {record} record(s) to {out}")
 
 
 def _document_table(found: Document) -> str:
-    """The document as terminal text, money in the currency's units."""
+    """The document as terminal text, money in the currency's units: its head, a line per product and price book
+    (with the price book's unit and prices, ``-`` where not known), the totals and the tax per rate."""
     from shared.rules.reference import money  # Arrow and NumPy: only where money is shown
 
     first, last = found.service_period
@@ -249,23 +258,45 @@ def _document_table(found: Document) -> str:
         f"price books {', '.join(found.pricebooks) or '-'}   tax tables {', '.join(found.tax_tables) or '-'}",
         f"money in {found.currency}, in its own units",
     ]
-    rows: list[tuple[str, ...]] = [("product", "transactions", "quantity", "net", "tax", "total", "batches")]
+    names = ("product", "price book", "unit", "unit price", "off-peak", "transactions", "quantity", "net", "tax")
+    rows: list[tuple[str, ...]] = [(*names, "total", "batches")]
     for line in found.lines:
-        line_json = line.to_json_dict()
-        amounts = [money(line_json[m], found.currency) for m in ("net", "tax", "total")]
-        rows.append(
-            (line.product, str(line.sums.transactions), line_json["quantity"], *amounts, " ".join(line.batches))
-        )
-    rows.append(("total", "", "", *(money(getattr(found, m), found.currency) for m in ("net", "tax", "total")), ""))
+        shown = line.to_json_dict()
+        prices = [shown[k] or "-" for k in ("unit", "unit_price", "offpeak_unit_price")]
+        amounts = [money(shown[m], found.currency) for m in ("net", "tax", "total")]
+        counted = (str(line.sums.transactions), shown["quantity"])
+        book = line.pricebook[:HASH_SHOWN] or "-"
+        rows.append((line.product, book, *prices, *counted, *amounts, " ".join(line.batches)))
+    totals = (money(getattr(found, m), found.currency) for m in ("net", "tax", "total"))
+    rows.append(("total", "", "", "", "", "", "", *totals, ""))
+    return "\n".join(head + _aligned(rows, right=range(3, 10)) + _tax_block(found))
+
+
+def _tax_block(found: Document) -> list[str]:
+    """The tax per rate: rate, regions, taxable net and tax (none for a document without tax entries)."""
+    from shared.rules.reference import money, percent
+
+    if not found.taxes:
+        return []
+    rows: list[tuple[str, ...]] = [("tax rate", "regions", "net", "tax")]
+    for tax in found.taxes:
+        amounts = (money(tax.net, found.currency), money(tax.tax, found.currency))
+        rows.append((percent(tax.rate), " ".join(tax.regions) or "-", *amounts))
+    return ["", "tax by rate", *_aligned(rows, right=(0, 2, 3))]
+
+
+def _aligned(rows: list[tuple[str, ...]], right: Iterable[int]) -> list[str]:
+    """The rows as columns, those of ``right`` right-aligned."""
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    table = [
-        "  ".join(
-            cell.rjust(w) if i in (1, 2, 3, 4, 5) else cell.ljust(w)
-            for i, (cell, w) in enumerate(zip(row, widths, strict=True))
-        ).rstrip()
+    at_right = set(right)
+    cells = (
+        (
+            cell.rjust(w) if i in at_right else cell.ljust(w)
+            for i, (cell, w) in enumerate(zip(row, widths, strict=False))
+        )
         for row in rows
-    ]
-    return "\n".join(head + table)
+    )
+    return ["  ".join(row).rstrip() for row in cells]
 
 
 def _parties(found: Document) -> list[str]:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
-from shared.rules.reference import money
+from shared.rules.reference import money, percent
 from store import Document
 
 from . import render
@@ -103,15 +103,6 @@ def other_number(found: Mapping[str, Any], number: int) -> str:
     return f"No. {number}"
 
 
-def percent(rate: str) -> str:
-    """A tax rate's decimal text as a percentage (``0.2`` -> ``20 %``, ``0.0725`` -> ``7.25 %``)."""
-    try:
-        value = (Decimal(rate) * 100).normalize()
-    except InvalidOperation:
-        return rate
-    return f"{value:f} %"
-
-
 def _facts(found: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
     """The facts beside the title: period, service period, issue and due dates, account, currency, what it corrects
     or is corrected by (those it records)."""
@@ -196,7 +187,8 @@ def _differs(offpeak: str | None, price: str | None) -> bool:
 def _tax(entry: Mapping[str, Any], currency: str) -> tuple[str, ...]:
     """One rate of the tax breakdown: the rate as a percentage, its regions, taxable net, tax."""
     regions = ", ".join(_region(region) for region in entry.get("regions") or ()) or "—"
-    return (percent(str(entry["rate"])), regions, money(entry["net"], currency), money(entry["tax"], currency))
+    rate = percent(None if entry["rate"] is None else str(entry["rate"]))
+    return (rate, regions, money(entry["net"], currency), money(entry["tax"], currency))
 
 
 def _region(region: str) -> str:

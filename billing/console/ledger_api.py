@@ -64,7 +64,7 @@ class ServicePeriodOut(BaseModel):
 class TaxOut(BaseModel):
     """The document's changes at one tax rate."""
 
-    rate: str = Field(description="decimal text (0.2 is 20 %)")
+    rate: str | None = Field(description="decimal text (0.2 is 20 %); null: changes from before rates were recorded")
     regions: list[str]
     net: int = Field(description="the taxable amount; " + MONEY)
     tax: int = Field(description=MONEY)
@@ -87,6 +87,7 @@ class DifferenceOut(BaseModel):
         default_factory=list, description="a note's earlier documents of its account, period and currency"
     )
     lines: list[LineOut]
+    taxes: list[TaxOut] | None = Field(None, description="one entry per tax rate; they add up to net and tax")
 
 
 class DocumentOut(DifferenceOut):
@@ -103,7 +104,6 @@ class DocumentOut(DifferenceOut):
     customer: CustomerOut | None = Field(None, description="null: the account had no customer record")
     service_period: ServicePeriodOut | None = None
     due_date: str | None = Field(None, description="ISO 8601 date")
-    taxes: list[TaxOut] | None = Field(None, description="one entry per tax rate; they add up to net and tax")
 
 
 class PeriodOut(BaseModel):

@@ -14,6 +14,7 @@ import io
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from decimal import Decimal, InvalidOperation
 
 import numpy as np
 import pyarrow as pa
@@ -48,6 +49,18 @@ def money(minor: int, currency: str) -> str:
     sign = "-" if minor < 0 else ""
     whole, fraction = divmod(abs(minor), 10**digits)
     return f"{sign}{whole:,}" + (f".{fraction:0{digits}d}" if digits else "") + f" {currency}"
+
+
+def percent(rate: str | None) -> str:
+    """A tax rate's decimal text as a percentage (``0.2`` -> ``20 %``, ``0.0725`` -> ``7.25 %``); None (a rate not
+    recorded) -> ``not recorded``."""
+    if rate is None:
+        return "not recorded"
+    try:
+        value = (Decimal(rate) * 100).normalize()
+    except InvalidOperation:
+        return rate
+    return f"{value:f} %"
 
 
 def decimal_text(micro: int) -> str:

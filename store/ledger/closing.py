@@ -34,9 +34,9 @@ import sqlalchemy as sa
 from .. import schema
 from ..batches import BatchState
 from ..engine import CHUNK, chunks, writing
-from ..schema import aggregates, batches, document_batches, document_lines, settled_changes
 from ..pricebooks import PriceRow
 from ..pricebooks import read as price_rows
+from ..schema import aggregates, batches, document_batches, document_lines, settled_changes
 from .documents import Difference, Document, Kind, Period, display_number, period_days
 from .lines import MEASURES, Line, Sums, taxes_of
 from .numbers import LedgerError, take_numbers

@@ -27,8 +27,8 @@ from typing import Any, Literal
 import sqlalchemy as sa
 
 from .. import schema
-from ..queries import PERIOD_PATTERN
 from ..pricebooks import read as price_rows
+from ..queries import PERIOD_PATTERN
 from ..schema import document_batches, document_lines
 from .lines import Line, Sums, Tax, taxes_of
 from .numbers import LedgerError

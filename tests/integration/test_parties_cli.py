@@ -17,7 +17,7 @@ import pytest
 from click.testing import CliRunner, Result
 
 from billing.cli import cli
-from store import Store
+from store import PriceRow, Store
 from support.ledger import SELLER_ARGS
 from support.records import complete, partial
 
@@ -192,3 +192,54 @@ def test_the_register_exports_documents_and_lines_as_csv_and_parquet(url: str, t
     )
     assert refused.returncode == 2 and refused.stderr.startswith("error: cannot write")
     assert len(refused.stderr.strip().splitlines()) == 1 and not (tmp_path / "no").exists()
+
+
+def test_the_register_exports_the_tax_per_rate_and_lines_per_price_book_with_their_prices(
+    url: str, tmp_path: Path
+) -> None:
+    with Store(url) as store:
+        store.record_price_books([PriceRow("pb", "CPU", "USD", "hour", "0.05", "0.04", None)])
+        complete(
+            store,
+            "b2",
+            partial("acct-1", product="GPU", pricebook="pb2", region="DE", tax_rate="0.19", net=100, tax=19),
+            partial("acct-2", currency="EUR", region="FR", net=10, tax=2),
+        )
+    run("seller", "set", *SELLER_ARGS)
+    run("close", "--period", "2026-03")
+    taxes_csv, taxes_parquet, lines_csv = tmp_path / "taxes.csv", tmp_path / "taxes.parquet", tmp_path / "lines.csv"
+    done = run("documents", "export", "--what", "taxes", "--format", "csv", "--out", str(taxes_csv))
+    assert done.exit_code == 0 and done.output == f"wrote 3 tax record(s) to {taxes_csv}\n"
+    with taxes_csv.open(newline="") as f:
+        assert [tuple(r.values()) for r in csv.DictReader(f)] == [
+            ("1", "INV-000001", "0.19", "DE", "100", "19"),
+            ("1", "INV-000001", "0.2", "*", str(BIG + 3), str(BIG // 5 + 1)),
+            ("2", "INV-000002", "0.2", "* FR", "50", "6"),
+        ]
+    run("documents", "export", "--what", "taxes", "--format", "parquet", "--out", str(taxes_parquet))
+    by_rate = [
+        (r["rate"], r["regions"], int(r["net"]), int(r["tax"])) for r in pq.read_table(taxes_parquet).to_pylist()
+    ]
+    assert by_rate == [
+        (t["rate"], t["regions"], t["net"], t["tax"])
+        for d in documents(url)
+        for t in d["taxes"]  # type: ignore[attr-defined]
+    ]
+    run("documents", "export", "--what", "lines", "--format", "csv", "--out", str(lines_csv))
+    with lines_csv.open(newline="") as f:
+        prices = [
+            (r["number"], r["product"], r["pricebook"], r["unit"], r["unit_price"], r["offpeak_unit_price"])
+            for r in csv.DictReader(f)
+        ]
+    assert prices == [
+        ("1", "CPU", "pb", "hour", "0.05", "0.04"),
+        ("1", "GPU", "pb", "", "", ""),  # the price book's rows do not list it
+        ("1", "GPU", "pb2", "", "", ""),  # its rows are not recorded
+        ("2", "CPU", "pb", "hour", "0.05", "0.04"),
+    ]
+    shown = run("documents", "show", "1").output.splitlines()
+    header = next(line for line in shown if line.startswith("product"))
+    assert header.split()[:6] == ["product", "price", "book", "unit", "unit", "price"]
+    assert any(line.split()[:5] == ["CPU", "pb", "hour", "0.05", "0.04"] for line in shown)
+    block = shown[shown.index("tax by rate") :]
+    assert [line.split()[:3] for line in block[2:]] == [["19", "%", "DE"], ["20", "%", "*"]]
