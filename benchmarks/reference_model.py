@@ -40,6 +40,8 @@ class Price:
     unit: Decimal
     offpeak: Decimal
     minimum: Decimal | None
+    #: As the price book writes them: the unit's name, the unit and off-peak prices (the unit price's where empty).
+    texts: tuple[str, str, str] = ("unit", "", "")
 
 
 @dataclass(frozen=True)
@@ -110,8 +112,13 @@ def read_prices(csv_text: str) -> dict[str, Price]:
         unit = Decimal(r["unit_price"].strip())
         offpeak = r["offpeak_unit_price"].strip()
         minimum = r["minimum_charge"].strip()
+        texts = ((r.get("unit") or "").strip() or "unit", r["unit_price"].strip(), offpeak or r["unit_price"].strip())
         prices[r["product"].strip()] = Price(
-            r["currency"].strip(), unit, Decimal(offpeak) if offpeak else unit, Decimal(minimum) if minimum else None
+            r["currency"].strip(),
+            unit,
+            Decimal(offpeak) if offpeak else unit,
+            Decimal(minimum) if minimum else None,
+            texts,
         )
     return prices
 
@@ -261,23 +268,58 @@ def raw_chunk(rows: list[dict[str, str | None]], first_row: int = 1) -> pa.Table
 
 MEASURES = ("transactions", "quantity", "net", "tax", "total")
 #: The keys of a document (or pending difference) the model computes; :func:`as_model` keeps only those.
-DOCUMENT_KEYS = ("number", "kind", "period", "account_id", "currency", "net", "tax", "total", "corrects", "lines")
+DOCUMENT_KEYS = (
+    "number",
+    "kind",
+    "period",
+    "account_id",
+    "currency",
+    "net",
+    "tax",
+    "total",
+    "corrects",
+    "lines",
+    "taxes",
+)
+#: The keys of a line the model computes; with ``priced``, :data:`PRICE_KEYS` too.
+LINE_KEYS = ("product", "transactions", "quantity", "net", "tax", "total", "batches")
+PRICE_KEYS = ("pricebook", "unit", "unit_price", "offpeak_unit_price")
 
 
-def as_model(docs: list[dict[str, Any]], *, numbered: bool = True) -> list[dict[str, Any]]:
+def as_model(docs: list[dict[str, Any]], *, numbered: bool = True, priced: bool = False) -> list[dict[str, Any]]:
     """Documents' JSON as the model has them: only :data:`DOCUMENT_KEYS` (no ``number`` unless ``numbered``:
-    pending differences have none)."""
+    pending differences have none), their lines only :data:`LINE_KEYS` (and :data:`PRICE_KEYS` where ``priced``: a
+    model that knows the price books' hashes, :attr:`Ledger.priced`)."""
     keys = [k for k in DOCUMENT_KEYS if numbered or k != "number"]
-    return [{k: d[k] for k in keys if k in d} for d in docs]
+    line_keys = LINE_KEYS + PRICE_KEYS if priced else LINE_KEYS
+    return [
+        {k: [{n: line[n] for n in line_keys} for line in d[k]] if k == "lines" else d[k] for k in keys if k in d}
+        for d in docs
+    ]
+
+
+def _taxes(changes: list[tuple[str, str, list[Decimal]]]) -> list[dict[str, Any]]:
+    """The tax per rate of a document's changes ``(rate, region, measures)``: rates numerically, regions sorted."""
+    by_rate: dict[str, tuple[set[str], list[int]]] = {}
+    for rate, region, change in changes:
+        regions, sums = by_rate.setdefault(rate, (set(), [0, 0]))
+        regions.add(region)
+        sums[0] += int(change[2])
+        sums[1] += int(change[3])
+    return [
+        {"rate": rate, "regions": sorted(by_rate[rate][0]), "net": by_rate[rate][1][0], "tax": by_rate[rate][1][1]}
+        for rate in sorted(by_rate, key=Decimal)
+    ]
 
 
 @dataclass
 class Ledger:
     """Documents as a close must issue them, from the batches' raw rows, one row at a time (each transaction id
     counted once across the batches, in the order they are given): what the counted rows of a period add up to
-    (complete batches, not voided), less what its documents already say, per account, currency, product and
-    batch; numbered on from 1 in (account, currency) order within a close. A batch's counted rows of a period
-    closed before it completed are late (``late``: batch -> period -> rows)."""
+    (complete batches, not voided), less what its documents already say, per account, currency, product, price
+    book, tax region, tax rate and batch; a line per product and price book, a tax entry per rate; numbered on from
+    1 in (account, currency) order within a close. A batch's counted rows of a period closed before it completed are
+    late (``late``: batch -> period -> rows)."""
 
     prices: dict[str, Price]
     rates: dict[str, Decimal]
@@ -292,8 +334,15 @@ class Ledger:
         self.closed: set[str] = set()
         self.late: dict[str, dict[str, int]] = {}
         self.documents: list[dict[str, object]] = []
-        #: (period, account, currency, product, batch) -> measures documented so far
+        #: (period, account, currency, product, pricebook, region, rate, batch) -> measures documented so far
         self.documented: dict[tuple[str, ...], list[Decimal]] = {}
+
+    @property
+    def priced(self) -> bool:
+        """Whether the model knows its price books' hashes (versions read with :func:`read_version`): then its
+        lines name their price book and its prices."""
+        assert self.versions is not None
+        return all(version.pricebook for version in self.versions)
 
     def batch(self, batch_id: str, rows: list[dict[str, str | None]]) -> list[Row | str]:
         """A batch completed with these rows, after every batch given before (the order of sequence numbers):
@@ -321,47 +370,24 @@ class Ledger:
         ``invoice`` first for a pair, then a ``credit_note`` (total below zero) or ``debit_note`` that ``corrects``
         the pair's earlier documents; a pair whose every line is at net 0 and tax 0 gets none."""
         self.closed.add(period)
-        billed: dict[tuple[str, ...], list[Decimal]] = {}
-        for batch_id, rated in self.rated.items():
-            if batch_id in self.voided:
-                continue
-            for row, r in rated:
-                if r.billing_day[:7] != period:
-                    continue
-                sums = billed.setdefault((period, row.account_id, r.currency, row.product, batch_id), [Decimal(0)] * 5)
-                measures = (Decimal(1), row.quantity, Decimal(r.net), Decimal(r.tax), Decimal(r.total))
-                for i, value in enumerate(measures):
-                    sums[i] += value
-        changes: dict[tuple[str, ...], list[Decimal]] = {}
-        for key in billed.keys() | {k for k in self.documented if k[0] == period}:
-            now, before = billed.get(key, [Decimal(0)] * 5), self.documented.get(key, [Decimal(0)] * 5)
-            change = [a - b for a, b in zip(now, before, strict=True)]
-            if any(change):
-                changes[key] = change
-        lines: dict[tuple[str, str], dict[str, list[Decimal]]] = {}
-        for (_, account, currency, product, _), change in changes.items():
-            line = lines.setdefault((account, currency), {}).setdefault(product, [Decimal(0)] * 5)
+        changes = self._changes(period)
+        lines: dict[tuple[str, str], dict[tuple[str, str], list[Decimal]]] = {}
+        for (_, account, currency, product, pricebook, *_), change in changes.items():
+            line = lines.setdefault((account, currency), {}).setdefault((product, pricebook), [Decimal(0)] * 5)
             for i, value in enumerate(change):
                 line[i] += value
         issued: list[dict[str, object]] = []
         for account, currency in sorted(lines):
-            products = {p: s for p, s in lines[account, currency].items() if any(s)}
-            if not products:
-                continue
-            doc_lines: list[dict[str, Any]] = []
-            for product in sorted(products):
-                of_line = sorted(k[4] for k in changes if k[1:4] == (account, currency, product))
-                for batch_id in of_line:
-                    key = (period, account, currency, product, batch_id)
-                    documented = self.documented.setdefault(key, [Decimal(0)] * 5)
-                    for i, value in enumerate(changes[key]):
-                        documented[i] += value
-                s = products[product]
-                quantity = "0" if s[1] == 0 else format(s[1].normalize(), "f")
-                doc_lines.append(
-                    {"product": product, "transactions": int(s[0]), "quantity": quantity}
-                    | {"net": int(s[2]), "tax": int(s[3]), "total": int(s[4]), "batches": of_line}
-                )
+            of_lines = {k: s for k, s in lines[account, currency].items() if any(s)}
+            keys = [k for k in changes if k[1:3] == (account, currency) and (k[3], k[4]) in of_lines]
+            for key in keys:
+                documented = self.documented.setdefault(key, [Decimal(0)] * 5)
+                for i, value in enumerate(changes[key]):
+                    documented[i] += value
+            doc_lines = [
+                self._line(product, pricebook, of_lines[product, pricebook], keys)
+                for product, pricebook in sorted(of_lines)
+            ]
             if all(line["net"] == 0 and line["tax"] == 0 for line in doc_lines):
                 continue  # no zero documents: the change is settled (documented above) all the same
             earlier = [
@@ -380,7 +406,45 @@ class Ledger:
                     **{m: sum(line[m] for line in doc_lines) for m in ("net", "tax", "total")},
                     "corrects": earlier,
                     "lines": doc_lines,
+                    "taxes": _taxes([(k[6], k[5], changes[k]) for k in keys]),
                 }
             )
         self.documents.extend(issued)
         return issued
+
+    def _changes(self, period: str) -> dict[tuple[str, ...], list[Decimal]]:
+        """What the period's counted rows add up to, less what is documented, per key (not all zero)."""
+        billed: dict[tuple[str, ...], list[Decimal]] = {}
+        for batch_id, rated in self.rated.items():
+            if batch_id in self.voided:
+                continue
+            for row, r in rated:
+                if r.billing_day[:7] != period:
+                    continue
+                key = (period, row.account_id, r.currency, row.product, r.pricebook, r.region, r.tax_rate, batch_id)
+                sums = billed.setdefault(key, [Decimal(0)] * 5)
+                for i, value in enumerate((Decimal(1), row.quantity, Decimal(r.net), Decimal(r.tax), Decimal(r.total))):
+                    sums[i] += value
+        changes: dict[tuple[str, ...], list[Decimal]] = {}
+        for key in billed.keys() | {k for k in self.documented if k[0] == period}:
+            now, before = billed.get(key, [Decimal(0)] * 5), self.documented.get(key, [Decimal(0)] * 5)
+            change = [a - b for a, b in zip(now, before, strict=True)]
+            if any(change):
+                changes[key] = change
+        return changes
+
+    def _line(self, product: str, pricebook: str, s: list[Decimal], keys: list[tuple[str, ...]]) -> dict[str, Any]:
+        """A document's line of ``product`` rated by ``pricebook``, with that price book's prices of it."""
+        assert self.versions is not None
+        books = {version.pricebook: version.prices for version in self.versions}
+        price = books.get(pricebook, {}).get(product) if pricebook else None
+        texts = price.texts if price else (None, None, None)
+        return {
+            "product": product,
+            "transactions": int(s[0]),
+            "quantity": "0" if s[1] == 0 else format(s[1].normalize(), "f"),
+            **{m: int(s[i]) for i, m in enumerate(MEASURES) if i >= 2},
+            "batches": sorted({k[7] for k in keys if (k[3], k[4]) == (product, pricebook)}),
+            "pricebook": pricebook or None,
+            **dict(zip(("unit", "unit_price", "offpeak_unit_price"), texts, strict=True)),
+        }

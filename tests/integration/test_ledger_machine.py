@@ -9,9 +9,11 @@ batch marked at the same time (its manifest recorded first). The model is told o
 sequence order. After
 every step: issued documents unchanged, numbers gap-free, every batch's late rows as the model's, every period's
 counted rows in the live totals at once, every note correcting exactly the earlier documents of its triple (and
-named in their ``corrected_by``), kinds by sign, no document with every line at net 0 and tax 0; after every
-close: its documents as the model's, their snapshots the seller and customers in force, and for every account,
-currency and product the money of the period's documents' lines equal to a fresh computation."""
+named in their ``corrected_by``), kinds by sign, no document with every line at net 0 and tax 0, every
+document's tax per rate adding up to its net and tax; after every close: its documents as the model's (lines per
+product and price book with the price book's unit prices, tax per rate), their snapshots the seller and customers
+in force, and for every account, currency and product the money of the period's documents' lines equal to a fresh
+computation."""
 
 from __future__ import annotations
 
@@ -29,12 +31,15 @@ from benchmarks import reference_model as model
 from benchmarks.ledger import Cut, InProcess
 from billing.sample import sample_price_book_bytes, sample_tax_table_bytes
 from shared.messages import Manifest, WorkItemResult
-from store import BatchState, Customer, Document, Filters, LedgerError, Seller, Store, schema
+from shared.rules.reference import load_price_book
+from store import BatchState, Customer, Document, Filters, LedgerError, Seller, Store, price_rows_of, schema
 from store.engine import writing
 from support.ledger import csv_of
 
 PRICES = model.read_prices(sample_price_book_bytes().decode())
 RATES = model.read_rates(sample_tax_table_bytes().decode())
+#: The sample reference data as the model's version, with its price book's hash (lines name it).
+SAMPLE = model.read_version(None, sample_price_book_bytes().decode(), sample_tax_table_bytes().decode())
 PERIODS = ("2026-02", "2026-03")
 NOW = datetime(2026, 4, 10, 9, 0, tzinfo=UTC)
 ACCOUNTS = ("acct-a", "Acct-b")
@@ -83,7 +88,8 @@ class LedgerMachine(RuleBasedStateMachine):
             for table in reversed(schema.metadata.sorted_tables):
                 conn.execute(table.delete())
         self.roles = InProcess(bits=1 << 12)
-        self.ledger = model.Ledger(PRICES, RATES)
+        self.store.record_price_books(price_rows_of(load_price_book(sample_price_book_bytes())))
+        self.ledger = model.Ledger(PRICES, RATES, [SAMPLE])
         self.files: dict[str, list[dict[str, str | None]]] = {}
         self.results: dict[str, list[WorkItemResult]] = {}
         self.unapplied: dict[str, list[Manifest | WorkItemResult]] = {}  # what a running batch still waits for
@@ -143,7 +149,7 @@ class LedgerMachine(RuleBasedStateMachine):
         add up to a fresh computation of what is counted now."""
         expected = self.ledger.close(period)
         issued = self.store.close_period(period, now=NOW)
-        assert model.as_model([d.to_json_dict() for d in issued]) == expected
+        assert model.as_model([d.to_json_dict() for d in issued], priced=True) == expected
         for doc in issued:
             customer = self.customers.get(doc.account_id)
             assert doc.seller == self.seller.snapshot() and doc.display_number.startswith(self.seller.prefix)
@@ -169,6 +175,8 @@ class LedgerMachine(RuleBasedStateMachine):
             assert doc.corrects == tuple(earlier)
             assert doc.kind == ("invoice" if not earlier else "credit_note" if doc.total < 0 else "debit_note")
             assert any(line.sums.net or line.sums.tax for line in doc.lines), "no zero document"
+            assert (sum(t.net for t in doc.taxes), sum(t.tax for t in doc.taxes)) == (doc.net, doc.tax)
+            assert [t.rate for t in doc.taxes] == sorted({t.rate for t in doc.taxes}, key=lambda r: Decimal(r or 0))
             earlier.append(doc.number)
         for doc in docs:
             later = of_triple[doc.period, doc.account_id, doc.currency]
