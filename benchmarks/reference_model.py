@@ -421,8 +421,8 @@ class Ledger:
             for row, r in rated:
                 if r.billing_day[:7] != period:
                     continue
-                key = (period, row.account_id, r.currency, row.product, r.pricebook, r.region, r.tax_rate, batch_id)
-                sums = billed.setdefault(key, [Decimal(0)] * 5)
+                of_row = (period, row.account_id, r.currency, row.product, r.pricebook, r.region, r.tax_rate, batch_id)
+                sums = billed.setdefault(of_row, [Decimal(0)] * 5)
                 for i, value in enumerate((Decimal(1), row.quantity, Decimal(r.net), Decimal(r.tax), Decimal(r.total))):
                     sums[i] += value
         changes: dict[tuple[str, ...], list[Decimal]] = {}
