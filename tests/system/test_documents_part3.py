@@ -9,6 +9,7 @@ of documents, lines and taxes; the credit note's page and the periods page in Ch
 from __future__ import annotations
 
 import csv
+import hashlib
 import json
 import os
 import subprocess
@@ -178,6 +179,7 @@ def test_two_closes_issue_documents_an_accountant_accepts(
     with console_server(env, tmp_path / "serve.log") as url:
         screenshot_document(browser, url, credit, artifacts / "credit-note.png")
         screenshot_periods(browser, url, artifacts / "periods-closed.png", pending=("nothing",))
+        screenshot_period(browser, url, after, artifacts / "period-2026-03.png")
 
 
 def check_documents(
@@ -209,6 +211,8 @@ def check_documents(
         assert doc["due_date"] == (issued + timedelta(days=14)).isoformat()
         keys = [(line["product"], line["pricebook"]) for line in doc["lines"]]
         assert keys == sorted(set(keys)), "one line per (product, price book), sorted"
+        assert doc["pricebooks"] == sorted({line["pricebook"] for line in doc["lines"]}), "the books that rated it"
+        assert doc["tax_tables"] == [hashlib.sha256(sample_tax_table_bytes()).hexdigest()]
         for line in doc["lines"]:
             shown = {k: line[k] for k in ("unit", "unit_price", "offpeak_unit_price")}
             assert shown == prices[line["product"], line["pricebook"]], line
@@ -300,5 +304,22 @@ def screenshot_document(browser: Browser, url: str, credit: dict[str, Any], path
     expect(page.locator("table.lines tbody tr")).to_have_count(len(credit["lines"]))
     expect(page.locator("#taxes tbody tr")).to_have_count(len(credit["taxes"]))
     expect(page.locator('[data-total="total"]')).to_have_text(money(credit["total"], "EUR"))
+    page.screenshot(path=path, full_page=True)
+    page.close()
+
+
+def screenshot_period(browser: Browser, url: str, docs: list[dict[str, Any]], path: Path) -> None:
+    """March's page: its documents by display number and kind, nothing pending."""
+    page = browser.new_page(viewport=DESKTOP)
+    page.goto(f"{url}/periods/2026-03")
+    expect(page.locator("#state")).to_have_text("closed")
+    rows = page.locator("#documents tbody tr")
+    expect(rows).to_have_count(len(docs))
+    kinds = {"invoice": "invoice", "credit_note": "credit note", "debit_note": "debit note"}
+    for doc in docs:
+        row = page.locator(f'#documents tr[data-number="{doc["number"]}"]')
+        expect(row.locator("a")).to_have_text(doc["display_number"])
+        expect(row).to_contain_text(kinds[doc["kind"]], ignore_case=True)
+        expect(row.locator("td[data-minor]")).to_have_text(money(doc["total"], doc["currency"]))
     page.screenshot(path=path, full_page=True)
     page.close()
