@@ -17,7 +17,8 @@ all through :class:`Store` and the types named here (no caller imports a module 
 from .batches import FINAL_STATES, ApplyOutcome, BatchState, BatchStatus
 from .core import Store
 from .engine import ENTRA_POSTGRES_SCOPE, Patience
-from .ledger.documents import KINDS, Difference, Document, Line, Period, quantity_text
+from .ledger.documents import KINDS, Difference, Document, Period
+from .ledger.lines import Line, Tax, quantity_text
 from .ledger.numbers import AlreadyVoided, LedgerError
 from .ledger.parties import Customer, Imported, Seller
 from .migrate import MIGRATIONS, SCHEMA_REVISION
@@ -52,6 +53,7 @@ __all__ = [
     "Result",
     "Seller",
     "Store",
+    "Tax",
     "price_rows_of",
     "quantity_text",
 ]

@@ -158,6 +158,16 @@ def _measures() -> list[sa.Column[Any]]:
     ]
 
 
+def _rated_by() -> list[sa.Column[Any]]:
+    """What rated a documented change (key columns): its price book, tax region and tax rate, as the aggregates
+    have them (``''`` where not recorded: region and rate before dated reference data)."""
+    return [
+        sa.Column("pricebook", sa.String(64), primary_key=True),
+        sa.Column("region", sa.String(64), primary_key=True),
+        sa.Column("tax_rate", sa.String(32), primary_key=True),
+    ]
+
+
 #: Issued documents (store.ledger.documents): never updated, never deleted. ``pricebooks`` and ``tax_tables`` hold the
 #: content hashes its lines were rated with, space-separated.
 documents = sa.Table(
@@ -210,12 +220,13 @@ customers = sa.Table(
     sa.Column("set_at", UTCDateTime(), nullable=False),
 )
 
-#: A document's lines: the change of one product's sums.
+#: A document's lines: the change of one product's sums rated by one price book.
 document_lines = sa.Table(
     "document_lines",
     metadata,
     sa.Column("number", sa.BigInteger, primary_key=True, autoincrement=False),
     sa.Column("product", sa.String(255), primary_key=True),
+    sa.Column("pricebook", sa.String(64), primary_key=True),  # '': a line from before price books split lines
     *_measures(),
 )
 
@@ -225,6 +236,7 @@ document_batches = sa.Table(
     metadata,
     sa.Column("number", sa.BigInteger, primary_key=True, autoincrement=False),
     sa.Column("product", sa.String(255), primary_key=True),
+    *_rated_by(),
     sa.Column("batch_id", sa.String(255), primary_key=True),
     *_measures(),
 )
@@ -237,6 +249,7 @@ settled_changes = sa.Table(
     sa.Column("account_id", sa.String(64), primary_key=True),
     sa.Column("currency", sa.String(3), primary_key=True),
     sa.Column("product", sa.String(255), primary_key=True),
+    *_rated_by(),
     sa.Column("batch_id", sa.String(255), primary_key=True),
     *_measures(),
 )

@@ -4,10 +4,12 @@
 of it: the aggregates of the batches ``complete`` at that moment and not voided. What is documented of it is
 the sum of its documents, kept per batch (table ``document_batches``), and of the changes settled without one
 (table ``settled_changes``): the difference, per ``(account_id, currency)`` and product, is what the close
-issues. Each pair with a change gets one document (:mod:`store.ledger.documents`: an ``invoice`` the first
-time, then a ``credit_note`` or ``debit_note`` by the sign of its total, correcting the earlier ones), a line
-per product whose change is not zero, naming the batches whose rows changed it; a pair whose every line is at
-net 0 and tax 0 gets none, its change settled all the same. Documents are numbered 1, 2, 3, … across the
+issues; both are kept per product, price book, tax region and tax rate (as the aggregates are), so that a
+document has a line per product and price book and its tax per rate. Each pair with a change gets one document
+(:mod:`store.ledger.documents`: an ``invoice`` the first time, then a ``credit_note`` or ``debit_note`` by the sign
+of its total, correcting the earlier ones), a line per product and price book whose change is not zero, naming
+the batches whose rows changed it, and a tax entry per rate of those changes; a pair whose every line is at net 0
+and tax 0 gets none, its change settled all the same. Documents are numbered 1, 2, 3, … across the
 whole ledger from the gap-free counter ``document_number`` (:func:`store.ledger.numbers.take_numbers`),
 within one close in ``(account_id, currency)`` order by code point, and snapshot the seller and the
 customer in force (:mod:`store.ledger.parties`).
@@ -25,6 +27,7 @@ import json
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from datetime import UTC, date, datetime, timedelta
+from typing import cast
 
 import sqlalchemy as sa
 
@@ -32,7 +35,10 @@ from .. import schema
 from ..batches import BatchState
 from ..engine import CHUNK, chunks, writing
 from ..schema import aggregates, batches, document_batches, document_lines, settled_changes
-from .documents import MEASURES, Difference, Document, Kind, Line, Period, Sums, display_number, period_days
+from ..pricebooks import PriceRow
+from ..pricebooks import read as price_rows
+from .documents import Difference, Document, Kind, Period, display_number, period_days
+from .lines import MEASURES, Line, Sums, taxes_of
 from .numbers import LedgerError, take_numbers
 from .parties import Customer, Seller, current_seller, customers_of
 from .periods import CLOSE_LOCK, mark_closed
@@ -43,8 +49,11 @@ NO_SELLER = "no seller registered: register one first (billing seller set --name
 #: How many accounts without a customer record a refusal names.
 NAMED = 5
 
-#: (account_id, currency, product, batch_id)
-_Key = tuple[str, str, str, str]
+#: (account_id, currency, product, pricebook, region, tax_rate, batch_id); ``''``: not recorded
+_Key = tuple[str, str, str, str, str, str, str]
+_KEY = ("account_id", "currency", "product", "pricebook", "region", "tax_rate", "batch_id")
+#: A document's line: (account_id, currency, product, pricebook)
+_LineKey = tuple[str, str, str, str]
 
 
 def ended(period: str, now: datetime) -> tuple[date, date]:
@@ -132,10 +141,11 @@ def periods(engine: sa.Engine, only: str | None = None) -> list[Period]:
 
 
 def _billed(conn: sa.Connection, first: date, last: date) -> dict[_Key, Sums]:
-    """What the counted rows of the period add up to, per account, currency, product and batch."""
+    """What the counted rows of the period add up to, per :data:`_Key`."""
     a = aggregates
+    rate = sa.func.coalesce(a.c.tax_rate, "").label("tax_rate")
     query = (
-        sa.select(a.c.account_id, a.c.currency, a.c.product, a.c.batch_id, *(a.c[m] for m in MEASURES))
+        sa.select(*(a.c[k] for k in _KEY[:5]), rate, a.c.batch_id, *(a.c[m] for m in MEASURES))
         .select_from(a.join(batches, a.c.batch_id == batches.c.batch_id))
         .where(
             batches.c.state == BatchState.complete.value,
@@ -148,15 +158,15 @@ def _billed(conn: sa.Connection, first: date, last: date) -> dict[_Key, Sums]:
 
 
 def _documented(conn: sa.Connection, period: str) -> tuple[dict[_Key, Sums], dict[tuple[str, str], list[int]]]:
-    """What the period's documents and settled changes add up to, per account, currency, product and batch; and
-    per pair, the numbers of its documents of the period, ascending."""
+    """What the period's documents and settled changes add up to, per :data:`_Key`; and per pair, the numbers of
+    its documents of the period, ascending."""
     d, b, s = schema.documents, document_batches, settled_changes
     query = (
-        sa.select(d.c.account_id, d.c.currency, b.c.product, b.c.batch_id, *(b.c[m] for m in MEASURES))
+        sa.select(d.c.account_id, d.c.currency, *(b.c[k] for k in _KEY[2:]), *(b.c[m] for m in MEASURES))
         .select_from(b.join(d, b.c.number == d.c.number))
         .where(d.c.period == period)
     )
-    settled = sa.select(s.c.account_id, s.c.currency, s.c.product, s.c.batch_id, *(s.c[m] for m in MEASURES))
+    settled = sa.select(*(s.c[k] for k in _KEY), *(s.c[m] for m in MEASURES))
     documented = _summed(
         [*conn.execute(query).mappings(), *conn.execute(settled.where(s.c.period == period)).mappings()]
     )
@@ -170,9 +180,13 @@ def _documented(conn: sa.Connection, period: str) -> tuple[dict[_Key, Sums], dic
 def _summed(rows: Iterable[sa.RowMapping]) -> dict[_Key, Sums]:
     found: dict[_Key, Sums] = defaultdict(Sums)
     for row in rows:
-        key = (row["account_id"], row["currency"], row["product"], row["batch_id"])
+        key = _key_of(row)
         found[key] = found[key] + Sums.of(row)
     return found
+
+
+def _key_of(row: sa.RowMapping) -> _Key:
+    return cast("_Key", tuple(row[k] for k in _KEY))
 
 
 def _diff(billed: Mapping[_Key, Sums], documented: Mapping[_Key, Sums], key: _Key) -> Sums:
@@ -182,41 +196,55 @@ def _diff(billed: Mapping[_Key, Sums], documented: Mapping[_Key, Sums], key: _Ke
 def _differences(
     conn: sa.Connection, period: str, first: date, last: date
 ) -> tuple[list[Difference], dict[_Key, Sums], dict[_Key, Sums]]:
-    """What a close of ``period`` would issue, in ``(account_id, currency)`` order: per pair, its products whose
-    change is not zero (only the pairs with such a product, and not those whose every line is at net 0 and tax
-    0); the per-batch changes those money-free pairs settle; and the per-batch changes the documents sum."""
+    """What a close of ``period`` would issue, in ``(account_id, currency)`` order: per pair, its lines (product
+    and price book) whose change is not zero and the tax per rate of their changes (only the pairs with such a
+    line, and not those whose every line is at net 0 and tax 0); the per-key changes those money-free pairs
+    settle; and the per-key changes the documents sum."""
     billed = _billed(conn, first, last)
     documented, numbers = _documented(conn, period)
     changes = {key: change for key in billed.keys() | documented.keys() if (change := _diff(billed, documented, key))}
-    per_line: dict[tuple[str, str], dict[str, list[tuple[str, Sums]]]] = defaultdict(lambda: defaultdict(list))
-    for (account_id, currency, product, batch_id), change in sorted(changes.items()):
-        per_line[account_id, currency][product].append((batch_id, change))
+    prices = price_rows(conn, {key[3] for key in changes} - {""})
+    per_line: dict[tuple[str, str], dict[tuple[str, str], list[_Key]]] = defaultdict(lambda: defaultdict(list))
+    for key in sorted(changes):
+        per_line[key[0], key[1]][key[2], key[3]].append(key)
     differences: list[Difference] = []
     settled: dict[_Key, Sums] = {}
-    for (account_id, currency), products in sorted(per_line.items()):
-        lines = []
-        for product, of_batches in sorted(products.items()):
-            sums = sum((change for _, change in of_batches), Sums())
-            if sums:
-                lines.append(Line(product, sums, tuple(batch_id for batch_id, _ in of_batches)))
+    for (account_id, currency), of_lines in sorted(per_line.items()):
+        lines, keys = _lines(of_lines, changes, prices)
         if lines and all(line.sums.money_free for line in lines):
-            keys = [(account_id, currency, line.product, batch_id) for line in lines for batch_id in line.batches]
             settled |= {key: changes[key] for key in keys}
         elif lines:
             earlier = tuple(numbers.get((account_id, currency), ()))
             total = sum(line.sums.total for line in lines)
             kind: Kind = "invoice" if not earlier else "credit_note" if total < 0 else "debit_note"
-            differences.append(Difference(kind, period, account_id, currency, tuple(lines), earlier))
+            taxes = taxes_of((key[5], key[4], changes[key]) for key in keys)
+            differences.append(Difference(kind, period, account_id, currency, tuple(lines), earlier, taxes))
     return differences, settled, changes
+
+
+def _lines(
+    of_lines: Mapping[tuple[str, str], list[_Key]],
+    changes: Mapping[_Key, Sums],
+    prices: Mapping[tuple[str, str], PriceRow],
+) -> tuple[list[Line], list[_Key]]:
+    """A pair's lines whose change is not zero, by product and price book, and the keys of their changes."""
+    lines, keys = [], []
+    for (product, pricebook), of_line in sorted(of_lines.items()):
+        sums = sum((changes[key] for key in of_line), Sums())
+        if sums:
+            batch_ids = tuple(sorted({key[6] for key in of_line}))
+            lines.append(Line(product, sums, batch_ids, pricebook, prices.get((pricebook, product))))
+            keys += of_line
+    return lines, keys
 
 
 def _settle(conn: sa.Connection, period: str, settled: Mapping[_Key, Sums]) -> None:
     """Add the changes settled without a document to table ``settled_changes``."""
     s = settled_changes
     of_period = conn.execute(sa.select(s).where(s.c.period == period)).mappings()
-    before = {(r["account_id"], r["currency"], r["product"], r["batch_id"]): Sums.of(r) for r in of_period}
+    before = {_key_of(r): Sums.of(r) for r in of_period}
     for key, change in sorted(settled.items()):
-        names = dict(zip(("account_id", "currency", "product", "batch_id"), key, strict=True))
+        names = dict(zip(_KEY, key, strict=True))
         if key in before:
             where = [s.c.period == period, *(s.c[name] == value for name, value in names.items())]
             conn.execute(sa.update(s).where(*where).values((before[key] + change).values()))
@@ -224,11 +252,9 @@ def _settle(conn: sa.Connection, period: str, settled: Mapping[_Key, Sums]) -> N
             conn.execute(sa.insert(s).values(period=period, **names, **change.values()))
 
 
-def _hashes(conn: sa.Connection, batch_ids: set[str]) -> dict[str, tuple[str | None, str | None]]:
-    query = sa.select(batches.c.batch_id, batches.c.pricebook_hash, batches.c.taxes_hash).where(
-        batches.c.batch_id.in_(sorted(batch_ids))
-    )
-    return {r.batch_id: (r.pricebook_hash, r.taxes_hash) for r in conn.execute(query)}
+def _tax_tables(conn: sa.Connection, batch_ids: set[str]) -> dict[str, str | None]:
+    query = sa.select(batches.c.batch_id, batches.c.taxes_hash).where(batches.c.batch_id.in_(sorted(batch_ids)))
+    return {r.batch_id: r.taxes_hash for r in conn.execute(query)}
 
 
 def _numbered(
@@ -250,6 +276,7 @@ def _numbered(
         (),
         d.lines,
         display_number=display_number(seller.prefix, number),
+        taxes=d.taxes,
         corrects=d.corrects,
         seller=seller.snapshot(),
         customer=None if customer is None else customer.snapshot(),
@@ -258,23 +285,26 @@ def _numbered(
 
 
 def _insert(conn: sa.Connection, issued: list[Document], changes: Mapping[_Key, Sums]) -> list[Document]:
-    """Write the documents, their lines and the per-batch changes each line sums (one statement a table); the
-    documents returned with the price book and tax table hashes of their lines' batches."""
-    batch_hashes = _hashes(conn, {key[3] for key in changes})
+    """Write the documents, their lines and the per-key changes each line sums (one statement a table); the
+    documents returned with the price books of their lines and the tax tables of their lines' batches."""
+    tax_tables = _tax_tables(conn, {key[6] for key in changes})
+    of_line: dict[_LineKey, list[_Key]] = defaultdict(list)
+    for key in changes:
+        of_line[key[:4]].append(key)
     heads, lines, per_batch, written = [], [], [], []
     for doc in issued:
         for line in doc.lines:
-            lines.append({"number": doc.number, "product": line.product, **line.sums.values()})
+            lines.append({"number": doc.number, "product": line.product, "pricebook": line.pricebook})
+            lines[-1] |= line.sums.values()
             per_batch += [
-                {"number": doc.number, "product": line.product, "batch_id": batch_id}
-                | changes[doc.account_id, doc.currency, line.product, batch_id].values()
-                for batch_id in line.batches
+                {"number": doc.number, **dict(zip(_KEY[2:], key[2:], strict=True))} | changes[key].values()
+                for key in of_line[doc.account_id, doc.currency, line.product, line.pricebook]
             ]
         used = {batch_id for line in doc.lines for batch_id in line.batches}
         doc = dataclasses.replace(
             doc,
-            pricebooks=tuple(sorted({h for b in used if (h := batch_hashes[b][0])})),
-            tax_tables=tuple(sorted({h for b in used if (h := batch_hashes[b][1])})),
+            pricebooks=tuple(sorted({line.pricebook for line in doc.lines} - {""})),
+            tax_tables=tuple(sorted({h for b in used if (h := tax_tables[b])})),
         )
         heads.append(_head(doc))
         written.append(doc)

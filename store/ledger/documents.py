@@ -7,6 +7,10 @@ It keeps snapshots of the seller and of its customer as they were at issue (:mod
 None for documents issued before parties existed, and ``customer`` None for an account without a record),
 its ``display_number`` (the seller's prefix and the number padded to 6 digits) and its ``due_date`` (the UTC
 date of ``issued_at`` plus the seller's payment terms). Nothing ever updates or deletes a document.
+
+Its lines are per product and price book (:mod:`store.ledger.lines`), with the unit and prices of that price book's
+stored rows (``price_book_rows``, by content hash); its tax per rate is read from what each batch changed of it
+(``document_batches`` keeps the tax region and rate).
 """
 
 from __future__ import annotations
@@ -18,76 +22,21 @@ from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import date, datetime
-from decimal import Decimal, localcontext
 from typing import Any, Literal
 
 import sqlalchemy as sa
 
 from .. import schema
 from ..queries import PERIOD_PATTERN
-from ..schema import EXACT, document_batches, document_lines
+from ..pricebooks import read as price_rows
+from ..schema import document_batches, document_lines
+from .lines import Line, Sums, Tax, taxes_of
 from .numbers import LedgerError
 
 Kind = Literal["invoice", "credit_note", "debit_note"]
 KINDS: tuple[Kind, ...] = ("invoice", "credit_note", "debit_note")
-MEASURES = ("transactions", "quantity", "net", "tax", "total")
 #: What a document's JSON shows of its seller snapshot (the store keeps the payment terms and prefix too).
 SELLER_KEYS = ("name", "address", "country", "tax_id")
-
-
-@dataclass(frozen=True)
-class Sums:
-    """Transactions, exact quantity, and money in minor units (signed in a change)."""
-
-    transactions: int = 0
-    quantity: Decimal = Decimal(0)
-    net: int = 0
-    tax: int = 0
-    total: int = 0
-
-    def __add__(self, other: Sums) -> Sums:
-        with localcontext(EXACT):
-            return Sums(*(getattr(self, m) + getattr(other, m) for m in MEASURES))
-
-    def __sub__(self, other: Sums) -> Sums:
-        with localcontext(EXACT):
-            return Sums(*(getattr(self, m) - getattr(other, m) for m in MEASURES))
-
-    def __bool__(self) -> bool:
-        return any(getattr(self, m) for m in MEASURES)
-
-    @property
-    def money_free(self) -> bool:
-        """Net 0 and tax 0 (whatever the transactions and quantity)."""
-        return self.net == 0 and self.tax == 0
-
-    @classmethod
-    def of(cls, row: sa.RowMapping) -> Sums:
-        return cls(int(row["transactions"]), Decimal(row["quantity"]), *(int(row[m]) for m in ("net", "tax", "total")))
-
-    def values(self) -> dict[str, Any]:
-        return {m: getattr(self, m) for m in MEASURES}
-
-
-@dataclass(frozen=True)
-class Line:
-    """A document's line: one product's change, and the batches whose rows changed it."""
-
-    product: str
-    sums: Sums
-    batches: tuple[str, ...]
-
-    def to_json_dict(self) -> dict[str, Any]:
-        """``product``, ``transactions``, ``quantity`` (decimal text), ``net``, ``tax``, ``total``, ``batches``."""
-        return {
-            "product": self.product,
-            "transactions": self.sums.transactions,
-            "quantity": quantity_text(self.sums.quantity),
-            "net": self.sums.net,
-            "tax": self.sums.tax,
-            "total": self.sums.total,
-            "batches": list(self.batches),
-        }
 
 
 @dataclass(frozen=True)
@@ -112,6 +61,7 @@ class Document:
     seller: Mapping[str, Any] | None = None
     customer: Mapping[str, Any] | None = None
     due_date: date | None = None
+    taxes: tuple[Tax, ...] = ()
 
     @property
     def service_period(self) -> tuple[date, date]:
@@ -141,13 +91,14 @@ class Document:
             "pricebooks": list(self.pricebooks),
             "tax_tables": list(self.tax_tables),
             "lines": [line.to_json_dict() for line in self.lines],
+            "taxes": [tax.to_json_dict() for tax in self.taxes],
         }
 
 
 @dataclass(frozen=True)
 class Difference:
     """What the next close of a period would issue for one ``(account_id, currency)``: a document not yet
-    numbered, its lines naming their batches, ``corrects`` the earlier documents of its triple."""
+    numbered, its lines naming their batches, its tax per rate, ``corrects`` the earlier documents of its triple."""
 
     kind: Kind
     period: str
@@ -155,6 +106,7 @@ class Difference:
     currency: str
     lines: tuple[Line, ...]
     corrects: tuple[int, ...] = ()
+    taxes: tuple[Tax, ...] = ()
 
     @property
     def sums(self) -> Sums:
@@ -173,6 +125,7 @@ class Difference:
             "total": sums.total,
             "corrects": list(self.corrects),
             "lines": [line.to_json_dict() for line in self.lines],
+            "taxes": [tax.to_json_dict() for tax in self.taxes],
         }
 
 
@@ -193,14 +146,6 @@ class Period:
             "documents": self.documents,
             "pending": [difference.to_json_dict() for difference in self.pending],
         }
-
-
-def quantity_text(value: Decimal) -> str:
-    """A plain decimal text without exponent or trailing zeros (``-12.5``, ``3``, ``0``)."""
-    if value == 0:
-        return "0"
-    with localcontext(EXACT):
-        return format(value.normalize(), "f")
 
 
 def period_days(period: str, today: date = date.max) -> tuple[date, date]:
@@ -250,20 +195,11 @@ def document(engine: sa.Engine, number: int) -> Document | None:
 
 
 def with_lines(conn: sa.Connection, heads: Sequence[sa.RowMapping]) -> list[Document]:
-    """The documents of rows of table ``documents``, with their lines and the notes that correct them."""
+    """The documents of rows of table ``documents``, with their lines (and their price books' rows), their tax per
+    rate (from what each batch changed) and the notes that correct them."""
     if not heads:
         return []
-    numbers = [head["number"] for head in heads]
-    lines: dict[int, list[Line]] = defaultdict(list)
-    batches_of: dict[tuple[int, str], list[str]] = defaultdict(list)
-    for number_chunk in (numbers[i : i + 500] for i in range(0, len(numbers), 500)):
-        query = sa.select(document_batches.c.number, document_batches.c.product, document_batches.c.batch_id)
-        for found in conn.execute(query.where(document_batches.c.number.in_(number_chunk))):
-            batches_of[found.number, found.product].append(found.batch_id)
-        of_lines = sa.select(document_lines).where(document_lines.c.number.in_(number_chunk))
-        for row in conn.execute(of_lines).mappings():
-            batch_ids = tuple(sorted(batches_of[row["number"], row["product"]]))
-            lines[row["number"]].append(Line(row["product"], Sums.of(row), batch_ids))
+    lines, taxes = _lines_and_taxes(conn, [int(head["number"]) for head in heads])
     later = _of_triples(conn, heads)
     return [
         Document(
@@ -278,16 +214,43 @@ def with_lines(conn: sa.Connection, heads: Sequence[sa.RowMapping]) -> list[Docu
             total=int(head["total"]),
             pricebooks=tuple(head["pricebooks"].split()),
             tax_tables=tuple(head["tax_tables"].split()),
-            lines=tuple(sorted(lines[head["number"]], key=lambda line: line.product)),
+            lines=tuple(sorted(lines[head["number"]], key=lambda line: (line.product, line.pricebook))),
             display_number=head["display_number"] or str(head["number"]),
             corrects=tuple(int(n) for n in (head["corrects"] or "").split()),
             corrected_by=tuple(n for n in later[_triple(head)] if n > head["number"]),
             seller=None if head["seller"] is None else json.loads(head["seller"]),
             customer=None if head["customer"] is None else json.loads(head["customer"]),
             due_date=head["due_date"],
+            taxes=taxes_of(taxes[head["number"]]),
         )
         for head in heads
     ]
+
+
+def _lines_and_taxes(
+    conn: sa.Connection, numbers: list[int]
+) -> tuple[dict[int, list[Line]], dict[int, list[tuple[str, str, Sums]]]]:
+    """Per document number: its lines, and what each batch changed as ``(tax_rate, region, sums)``. A line none of
+    whose batches has its price book (one from before lines were split by price book) names those of its product."""
+    b = document_batches
+    batches_of: dict[tuple[int, str, str], set[str]] = defaultdict(set)
+    of_product: dict[tuple[int, str], set[str]] = defaultdict(set)
+    changes: dict[int, list[tuple[str, str, Sums]]] = defaultdict(list)
+    found_lines: list[sa.RowMapping] = []
+    for chunk in (numbers[i : i + 500] for i in range(0, len(numbers), 500)):
+        of_batches = sa.select(b).where(b.c.number.in_(chunk))
+        for row in conn.execute(of_batches).mappings():
+            batches_of[row["number"], row["product"], row["pricebook"]].add(row["batch_id"])
+            of_product[row["number"], row["product"]].add(row["batch_id"])
+            changes[row["number"]].append((row["tax_rate"], row["region"], Sums.of(row)))
+        found_lines += conn.execute(sa.select(document_lines).where(document_lines.c.number.in_(chunk))).mappings()
+    prices = price_rows(conn, {row["pricebook"] for row in found_lines} - {""})
+    lines: dict[int, list[Line]] = defaultdict(list)
+    for row in found_lines:
+        number, product, pricebook = row["number"], row["product"], row["pricebook"]
+        batch_ids = tuple(sorted(batches_of.get((number, product, pricebook)) or of_product[number, product]))
+        lines[number].append(Line(product, Sums.of(row), batch_ids, pricebook, prices.get((pricebook, product))))
+    return lines, changes
 
 
 def _triple(row: sa.RowMapping) -> tuple[str, str, str]:
