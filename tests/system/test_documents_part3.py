@@ -215,7 +215,7 @@ def check_documents(
         assert doc["tax_tables"] == [hashlib.sha256(sample_tax_table_bytes()).hexdigest()]
         for line in doc["lines"]:
             shown = {k: line[k] for k in ("unit", "unit_price", "offpeak_unit_price")}
-            assert shown == prices[line["product"], line["pricebook"]], line
+            assert shown == prices[line["pricebook"], line["product"]], line
         assert doc["taxes"] == want, doc["number"]
         assert sum(t["net"] for t in doc["taxes"]) == doc["net"]
         assert sum(t["tax"] for t in doc["taxes"]) == doc["tax"]
