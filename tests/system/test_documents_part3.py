@@ -304,6 +304,8 @@ def screenshot_document(browser: Browser, url: str, credit: dict[str, Any], path
     expect(page.locator("table.lines tbody tr")).to_have_count(len(credit["lines"]))
     expect(page.locator("#taxes tbody tr")).to_have_count(len(credit["taxes"]))
     expect(page.locator('[data-total="total"]')).to_have_text(money(credit["total"], "EUR"))
+    hidden = page.locator("table.lines").evaluate("t => t.parentElement.scrollWidth - t.parentElement.clientWidth")
+    assert hidden <= 0, "on a desktop the lines, split per price book, show every column without scrolling"
     page.screenshot(path=path, full_page=True)
     page.close()
 
