@@ -142,6 +142,7 @@ def test_documents_periods_and_the_pending_difference(client: TestClient, store:
         page = client.get(path)
         assert page.status_code == 200 and shown in page.text, path
         assert "<form" not in page.text, "read-only without a token"
+    assert '<a href="/documents/2">INV-000002</a>' in client.get("/periods/2026-03").text, "the display number"
     march_row = re.search(r'<tr data-period="2026-03".*?</tr>', client.get("/periods").text, re.DOTALL)
     assert march_row is not None
     for pending in march["pending"]:  # each labelled by its own kind, not by the period's state
