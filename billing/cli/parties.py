@@ -38,7 +38,8 @@ def seller_set(name: str, address: str, country: str, tax_id: str, payment_terms
         stored = store.set_seller(seller)
     click.echo(
         f"seller version {stored.version}: {stored.name} ({stored.country}, tax id {stored.tax_id}), "
-        f"due {stored.payment_terms_days} days after issue, numbered {stored.prefix}000001 on"
+        f"due {stored.payment_terms_days} days after issue, "
+        f"numbers shown as {stored.prefix}000001, {stored.prefix}000002, …"
     )
 
 
