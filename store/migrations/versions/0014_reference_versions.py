@@ -97,7 +97,7 @@ def _per_period(conn: sa.Connection, period_aggregates: sa.Table) -> None:
         sa.Column("quantity", quantity_type()),
         *(sa.Column(name, money_type()) for name in _SUMMED[2:]),
     )
-    rows = conn.execution_options(yield_per=10_000).execute(sa.select(old).order_by(*(old.c[k] for k in _KEY)))
+    rows = conn.execute(sa.select(old).order_by(*(old.c[k] for k in _KEY)).execution_options(yield_per=10_000))
     summed = (_summed(list(group)) for _, group in groupby(rows.mappings(), key=_period_key))
     while chunk := list(islice(summed, 5_000)):
         conn.execute(sa.insert(period_aggregates), chunk)
