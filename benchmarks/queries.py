@@ -25,14 +25,14 @@ DAYS = 365
 _CHUNK = 1_000_000
 #: Row i: account i % A; then day and product from i // A (unique keys; one batch per billing day).
 _FILL = """
-INSERT INTO aggregates (batch_id, account_id, product, billing_day, region, pricebook, currency, tax_rate,
+INSERT INTO aggregates (batch_id, account_id, product, billing_day, pricebook, currency,
                         transactions, quantity, net, tax, total)
 SELECT 'bench-' || lpad((i / :accounts % :days)::text, 3, '0'),
        'acct-' || lpad((i % :accounts)::text, 6, '0'),
        'product-' || (i / :accounts / :days)::text,
        DATE '2026-01-01' + (i / :accounts % :days)::int,
-       '*', 'bench',
-       CASE WHEN (i / :accounts / :days) % 3 = 2 THEN 'JPY' ELSE 'USD' END, '0.2',
+       'bench',
+       CASE WHEN (i / :accounts / :days) % 3 = 2 THEN 'JPY' ELSE 'USD' END,
        1 + i % 7, (i % 1000) / 8.0, n, n / 5, n + n / 5
 FROM generate_series(CAST(:first AS bigint), CAST(:last AS bigint)) AS i,
      LATERAL (SELECT ((i * 7919) % 1000003)::numeric AS n) AS money

@@ -1,8 +1,10 @@
 """Exact arithmetic on aggregates in Arrow: partial aggregates of batches as one table (:func:`of_batches`), summed
-per key (:func:`fold`), never wrapping on overflow (:func:`sum_fits`).
+per key (:func:`fold`), never wrapping on overflow (:func:`sum_fits`), and grouped into what the store keeps
+(:func:`daily`, :func:`regional`).
 
-An aggregate's key is (batch, account, product, billing day, tax region, price book); its values are a currency, the
-tax rate and sums.
+A partial aggregate's key is (batch, account, product, billing day, tax region, price book); its values are a
+currency, the tax rate and sums. The store keeps them per day without the region (``aggregates``: the reports), and
+per billing period with the region and rate (``period_aggregates``: the documents).
 """
 
 from __future__ import annotations
@@ -23,6 +25,9 @@ AGGREGATE_VALUES = ("currency", "tax_rate", "transactions", "quantity", "net", "
 #: The values the key determines (the first of them is kept), and those summed.
 KEPT = AGGREGATE_VALUES[:2]
 SUMMED = AGGREGATE_VALUES[2:]
+#: The keys of the rows of ``aggregates`` and of ``period_aggregates``.
+DAILY_KEY = ("batch_id", "account_id", "product", "billing_day", "pricebook")
+PERIOD_KEY = ("batch_id", "account_id", "product", "period", "pricebook", "region", "tax_rate")
 #: How aggregate columns are held in Arrow while folding.
 ARROW_TYPES = {**{f.name: f.type for f in PARTIAL_SCHEMA}, "batch_id": pa.string(), "billing_day": pa.date32()}
 #: A fold's table (see :func:`fold`).
@@ -45,8 +50,8 @@ def of_batches(tables: Sequence[tuple[str, pa.Table]]) -> pa.Table:
     )
 
 
-def fold(table: pa.Table) -> pa.Table:
-    """``table``'s rows summed per aggregate key, exactly, in key order (key, first currency and tax rate not null,
+def fold(table: pa.Table, key: Sequence[str] = AGGREGATE_KEY, kept: Sequence[str] = KEPT) -> pa.Table:
+    """``table``'s rows summed per ``key``, exactly, in key order (key, the first of each ``kept`` column not null,
     sums).
 
     Arrow's integer and decimal sums wrap silently on overflow, so a column whose sum might not fit its
@@ -56,20 +61,35 @@ def fold(table: pa.Table) -> pa.Table:
     for name in SUMMED:
         column = table[name]
         summed[name] = column if sum_fits(column) else column.cast(_wider(column.type))
-    kept = {name: table[name] for name in (*AGGREGATE_KEY, *KEPT)}
     grouped = (
-        pa.table({**kept, **summed})
-        .group_by(list(AGGREGATE_KEY), use_threads=False)
-        .aggregate([*((name, "first") for name in KEPT), *((name, "sum") for name in SUMMED)])
+        pa.table({**{name: table[name] for name in (*key, *kept)}, **summed})
+        .group_by(list(key), use_threads=False)
+        .aggregate([*((name, "first") for name in kept), *((name, "sum") for name in SUMMED)])
     )
     folded = pa.table(
         {
-            **{key: grouped[key] for key in AGGREGATE_KEY},
-            **{name: grouped[f"{name}_first"] for name in KEPT},
+            **{name: grouped[name] for name in key},
+            **{name: grouped[f"{name}_first"] for name in kept},
             **{name: grouped[f"{name}_sum"].cast(table.schema.field(name).type) for name in SUMMED},
         }
     )
-    return folded.sort_by([(key, "ascending") for key in AGGREGATE_KEY])
+    return folded.sort_by([(name, "ascending") for name in key])
+
+
+def daily(folded: pa.Table) -> pa.Table:
+    """A batch's fold (:func:`fold`) summed per :data:`DAILY_KEY`: the rows of ``aggregates``."""
+    return fold(folded, DAILY_KEY, ("currency",))
+
+
+def regional(folded: pa.Table) -> pa.Table:
+    """A batch's fold (:func:`fold`) summed per :data:`PERIOD_KEY` (the period ``YYYY-MM`` of the billing day, a
+    rate not recorded as ``''``): the rows of ``period_aggregates``."""
+    period = pc.utf8_slice_codeunits(folded["billing_day"].cast(pa.string()), 0, 7)
+    rate = pc.fill_null(folded["tax_rate"], "")
+    table = folded.append_column("period", period).set_column(
+        folded.schema.get_field_index("tax_rate"), "tax_rate", rate
+    )
+    return fold(table, PERIOD_KEY, ("currency",))
 
 
 def sum_fits(column: pa.ChunkedArray) -> bool:

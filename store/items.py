@@ -16,7 +16,7 @@ from shared.rules.schemas import PARTIAL_SCHEMA, REJECTED_SCHEMA
 
 from .batches import BatchRow, count
 from .engine import CHUNK, chunks
-from .schema import aggregates, held, partials, rejects, work_items
+from .schema import aggregates, held, partials, period_aggregates, rejects, work_items
 
 _RECORDED = sa.select(work_items.c.work_item_id, work_items.c.poison_reason).where(
     work_items.c.work_item_id.in_(sa.bindparam("ids", expanding=True))
@@ -38,9 +38,9 @@ def insert_work_items(conn: sa.Connection, records: Iterable[dict[str, Any]]) ->
 
 
 def forget_counts(conn: sa.Connection, row: BatchRow) -> None:
-    """A refused batch counts nothing: delete its aggregates, partial aggregates, rejects and held rows, zero its
-    counts."""
-    for table in (aggregates, partials, rejects, held):
+    """A refused batch counts nothing: delete its aggregates (daily and per period), partial aggregates, rejects and
+    held rows, zero its counts."""
+    for table in (aggregates, period_aggregates, partials, rejects, held):
         conn.execute(sa.delete(table).where(table.c.batch_id == row["batch_id"]))
     row.update({"accepted": 0, "rejected": 0, "transactions_recorded": 0})
 

@@ -1,10 +1,12 @@
-"""What each work item counted, kept as it came until its batch settles: then summed into ``aggregates`` once.
+"""What each work item counted, kept as it came until its batch settles: then summed into ``aggregates`` (per day)
+and ``period_aggregates`` (per billing period, tax region and rate) once.
 
 A work item's partial aggregates are one row of ``partials`` (an Arrow stream, LZ4: written and read in a few
 milliseconds), written in the transaction that records the item, so that recording a work item costs one row however
 many aggregate keys it touches. When the
-batch completes, its partials and the partials of its held rows counted then are folded (:func:`~store.fold.fold`)
-and written as its aggregates, and the partials go; when it fails (a poisoned work item), what it counted so far is
+batch completes, its partials and the partials of its held rows counted then are folded (:func:`~store.fold.fold`),
+grouped per day and per period (:func:`~store.fold.daily`, :func:`~store.fold.regional`) and written as its
+aggregates, and the partials go; when it fails (a poisoned work item), what it counted so far is
 written the same way and the partials stay, so that a replay that completes it later writes the whole again. Sums
 beyond what the store's columns hold (10^38 minor units) are found then: the store refuses the batch for them.
 """
@@ -19,20 +21,14 @@ import sqlalchemy as sa
 from shared.rules.schemas import PARTIAL_SCHEMA
 
 from .engine import CHUNK, chunks
-from .fold import AGGREGATE_KEY, AGGREGATE_VALUES, SUMMED, fold, of_batches, sql_values
-from .schema import aggregates, partials
+from .fold import SUMMED, daily, fold, of_batches, regional, sql_values
+from .schema import aggregates, partials, period_aggregates
 
 #: Partial aggregates folded at a time while a batch settles (a batch's keys, not its rows, bound the fold).
 _FOLD_ROWS = 500_000
-_COLUMNS = AGGREGATE_KEY + AGGREGATE_VALUES
-_SQLITE_INSERT = f"INSERT INTO aggregates ({', '.join(_COLUMNS)}) VALUES ({', '.join('?' * len(_COLUMNS))})"
+#: The tables a batch's aggregates are written to.
+_WRITTEN = (aggregates, period_aggregates)
 _PG_TYPES = {"billing_day": "date", "transactions": "bigint", **dict.fromkeys(SUMMED[1:], "numeric")}
-#: One PostgreSQL statement writes a whole fold (one array per column).
-_PG_INSERT = sa.text(
-    f"INSERT INTO aggregates ({', '.join(_COLUMNS)}) SELECT * FROM unnest("
-    + ", ".join(f"CAST(:{name} AS {_PG_TYPES.get(name, 'text')}[])" for name in _COLUMNS)
-    + ")"
-)
 _IPC = pa.ipc.IpcWriteOptions(compression="lz4")
 
 
@@ -55,11 +51,13 @@ def settle(conn: sa.Connection, batch_id: str, kept: pa.Table | None, *, complet
     does not fit its column."""
     try:
         folded = _fold(_tables(conn, batch_id, kept), batch_id)
+        written = (daily(folded), regional(folded))
     except pa.ArrowInvalid as exc:
         raise Overflow(Overflow.__doc__) from exc
-    conn.execute(sa.delete(aggregates).where(aggregates.c.batch_id == batch_id))
-    if folded.num_rows:
-        _insert(conn, folded)
+    for table, rows in zip(_WRITTEN, written, strict=True):
+        conn.execute(sa.delete(table).where(table.c.batch_id == batch_id))
+        if rows.num_rows:
+            _insert(conn, table, rows)
     if complete:
         conn.execute(sa.delete(partials).where(partials.c.batch_id == batch_id))
 
@@ -84,14 +82,19 @@ def _fold(tables: Iterator[pa.Table], batch_id: str) -> pa.Table:
     return fold(pa.concat_tables([folded, of_batches(pending)])) if pending else folded
 
 
-def _insert(conn: sa.Connection, folded: pa.Table) -> None:
-    """Insert folded aggregates: on SQLite the canonical decimal text Arrow wrote, on PostgreSQL one array a column."""
+def _insert(conn: sa.Connection, table: sa.Table, rows: pa.Table) -> None:
+    """Insert aggregates into ``table`` (its columns' names): on SQLite the canonical decimal text Arrow wrote, on
+    PostgreSQL in one statement, one array a column."""
+    columns = [column.name for column in table.columns]
     if conn.dialect.name == "postgresql":
-        conn.execute(_PG_INSERT, {name: sql_values(folded[name]) for name in _COLUMNS})
+        arrays = ", ".join(f"CAST(:{name} AS {_PG_TYPES.get(name, 'text')}[])" for name in columns)
+        statement = sa.text(f"INSERT INTO {table.name} ({', '.join(columns)}) SELECT * FROM unnest({arrays})")
+        conn.execute(statement, {name: sql_values(rows[name]) for name in columns})
         return
-    values = zip(*(sql_values(folded[name]) for name in _COLUMNS), strict=True)
+    insert = f"INSERT INTO {table.name} ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})"
+    values = zip(*(sql_values(rows[name]) for name in columns), strict=True)
     for chunk in chunks(values, CHUNK):
-        conn.exec_driver_sql(_SQLITE_INSERT, chunk)
+        conn.exec_driver_sql(insert, chunk)
 
 
 def _encode(table: pa.Table) -> bytes:

@@ -300,9 +300,9 @@ partials = sa.Table(
     sa.Column("aggregates", sa.LargeBinary, nullable=False),
 )
 
-#: Exact aggregates per (batch, account, product, UTC billing day, tax region, price book), written when the batch
-#: settles: the region as resolved (``*`` for none; ``''`` for aggregates from before regions were kept), the content
-#: hash of the price book that rated the rows, and their tax rate as decimal text (NULL before it was kept).
+#: Exact aggregates per (batch, account, product, UTC billing day, price book), written when the batch settles (a
+#: day has one price book within a batch): what the reports sum. The price book is the content hash of the one that
+#: rated the rows.
 aggregates = sa.Table(
     "aggregates",
     metadata,
@@ -310,9 +310,23 @@ aggregates = sa.Table(
     sa.Column("account_id", sa.String(64), primary_key=True),
     sa.Column("product", sa.String(255), primary_key=True),
     sa.Column("billing_day", sa.Date, primary_key=True),
-    sa.Column("region", sa.String(64), primary_key=True),
     sa.Column("pricebook", sa.String(64), primary_key=True),
-    sa.Column("tax_rate", sa.String(32), nullable=True),
+    *_sums(),
+)
+
+#: The same sums per (batch, account, product, billing period ``YYYY-MM``, price book, tax region, tax rate), written
+#: with ``aggregates``: what a period's documents are closed from (store.ledger.closing). The region as resolved
+#: (``*`` for none), the rate as decimal text; both ``''`` for aggregates from before they were kept.
+period_aggregates = sa.Table(
+    "period_aggregates",
+    metadata,
+    sa.Column("batch_id", sa.String(255), primary_key=True),
+    sa.Column("account_id", sa.String(64), primary_key=True),
+    sa.Column("product", sa.String(255), primary_key=True),
+    sa.Column("period", sa.String(7), primary_key=True),
+    sa.Column("pricebook", sa.String(64), primary_key=True),
+    sa.Column("region", sa.String(64), primary_key=True),
+    sa.Column("tax_rate", sa.String(32), primary_key=True),
     *_sums(),
 )
 

@@ -4,7 +4,7 @@
 of it: the aggregates of the batches ``complete`` at that moment and not voided. What is documented of it is
 the sum of its documents, kept per batch (table ``document_batches``), and of the changes settled without one
 (table ``settled_changes``): the difference, per ``(account_id, currency)`` and product, is what the close
-issues; both are kept per product, price book, tax region and tax rate (as the aggregates are), so that a
+issues; both are kept per product, price book, tax region and tax rate (as ``period_aggregates`` are), so that a
 document has a line per product and price book and its tax per rate. Each pair with a change gets one document
 (:mod:`store.ledger.documents`: an ``invoice`` the first time, then a ``credit_note`` or ``debit_note`` by the sign
 of its total, correcting the earlier ones), a line per product and price book whose change is not zero, naming
@@ -36,7 +36,7 @@ from ..batches import BatchState
 from ..engine import CHUNK, chunks, writing
 from ..pricebooks import PriceRow
 from ..pricebooks import read as price_rows
-from ..schema import aggregates, batches, document_batches, document_lines, settled_changes
+from ..schema import batches, document_batches, document_lines, period_aggregates, settled_changes
 from .documents import Difference, Document, Kind, Period, display_number, period_days
 from .lines import MEASURES, Line, Sums, taxes_of
 from .numbers import LedgerError, take_numbers
@@ -75,14 +75,14 @@ def close(
     (none when nothing changed since the period's last close). :class:`LedgerError`, nothing written, for a
     period that cannot be closed, no seller, or (``require_customers``) an account without a customer record."""
     now = now or datetime.now(UTC)
-    first, last = ended(period, now)
+    ended(period, now)
     with writing(engine) as conn:
         if conn.dialect.name == "postgresql":
             conn.execute(sa.select(sa.func.pg_advisory_xact_lock(CLOSE_LOCK)))
         seller = current_seller(conn)
         if seller is None:
             raise LedgerError(NO_SELLER)
-        differences, settled, changes = _differences(conn, period, first, last)
+        differences, settled, changes = _differences(conn, period)
         known = customers_of(conn, {d.account_id for d in differences})
         if require_customers:
             _refuse_unknown(sorted({d.account_id for d in differences} - known.keys()))
@@ -108,51 +108,45 @@ def _refuse_unknown(missing: list[str]) -> None:
 def pending(engine: sa.Engine, period: str, *, today: date | None = None) -> list[Difference]:
     """What closing ``period`` now would issue, in the order it would number them; nothing is written.
     :class:`LedgerError` for a malformed or future period."""
-    first, last = period_days(period, today or datetime.now(UTC).date())
+    period_days(period, today or datetime.now(UTC).date())
     with engine.connect() as conn:
-        return _differences(conn, period, first, last)[0]
+        return _differences(conn, period)[0]
 
 
 def periods(engine: sa.Engine, only: str | None = None) -> list[Period]:
     """Every period with billed rows (complete batches, not voided) or documents, newest first; or only the
     period ``only`` (none when it has neither)."""
-    a = aggregates
-    billed_days = (
-        sa.select(a.c.billing_day)
+    a = period_aggregates
+    billed = (
+        sa.select(a.c.period)
         .distinct()
         .select_from(a.join(batches, a.c.batch_id == batches.c.batch_id))
         .where(batches.c.state == BatchState.complete.value, batches.c.voided_at.is_(None))
     )
     issued = sa.select(schema.documents.c.period, sa.func.count()).group_by(schema.documents.c.period)
     if only is not None:
-        first, last = period_days(only)
-        billed_days = billed_days.where(a.c.billing_day >= first, a.c.billing_day <= last)
+        period_days(only)
+        billed = billed.where(a.c.period == only)
         issued = issued.where(schema.documents.c.period == only)
     found = []
     with engine.connect() as conn:
         counts = {row[0]: int(row[1]) for row in conn.execute(issued)}
         closed = set(conn.execute(sa.select(schema.closed_periods.c.period)).scalars())
-        names = {day.strftime("%Y-%m") for day in conn.execute(billed_days).scalars()} | counts.keys()
+        names = set(conn.execute(billed).scalars()) | counts.keys()
         names |= closed if only is None else closed & {only}
         for name in sorted(names, reverse=True):
-            differences = _differences(conn, name, *period_days(name))[0]
+            differences = _differences(conn, name)[0]
             found.append(Period(name, name in closed, counts.get(name, 0), tuple(differences)))
     return found
 
 
-def _billed(conn: sa.Connection, first: date, last: date) -> dict[_Key, Sums]:
+def _billed(conn: sa.Connection, period: str) -> dict[_Key, Sums]:
     """What the counted rows of the period add up to, per :data:`_Key`."""
-    a = aggregates
-    rate = sa.func.coalesce(a.c.tax_rate, "").label("tax_rate")
+    a = period_aggregates
     query = (
-        sa.select(*(a.c[k] for k in _KEY[:5]), rate, a.c.batch_id, *(a.c[m] for m in MEASURES))
+        sa.select(*(a.c[k] for k in _KEY), *(a.c[m] for m in MEASURES))
         .select_from(a.join(batches, a.c.batch_id == batches.c.batch_id))
-        .where(
-            batches.c.state == BatchState.complete.value,
-            batches.c.voided_at.is_(None),
-            a.c.billing_day >= first,
-            a.c.billing_day <= last,
-        )
+        .where(batches.c.state == BatchState.complete.value, batches.c.voided_at.is_(None), a.c.period == period)
     )
     return _summed(conn.execute(query).mappings())
 
@@ -193,14 +187,12 @@ def _diff(billed: Mapping[_Key, Sums], documented: Mapping[_Key, Sums], key: _Ke
     return billed.get(key, Sums()) - documented.get(key, Sums())
 
 
-def _differences(
-    conn: sa.Connection, period: str, first: date, last: date
-) -> tuple[list[Difference], dict[_Key, Sums], dict[_Key, Sums]]:
+def _differences(conn: sa.Connection, period: str) -> tuple[list[Difference], dict[_Key, Sums], dict[_Key, Sums]]:
     """What a close of ``period`` would issue, in ``(account_id, currency)`` order: per pair, its lines (product
     and price book) whose change is not zero and the tax per rate of their changes (only the pairs with such a
     line, and not those whose every line is at net 0 and tax 0); the per-key changes those money-free pairs
     settle; and the per-key changes the documents sum."""
-    billed = _billed(conn, first, last)
+    billed = _billed(conn, period)
     documented, numbers = _documented(conn, period)
     changes = {key: change for key in billed.keys() | documented.keys() if (change := _diff(billed, documented, key))}
     prices = price_rows(conn, {key[3] for key in changes} - {""})

@@ -106,6 +106,15 @@ _AT = object()
 _BATCH = {"source": "f.csv", "state": "complete", "rows": 2, "accepted": 2, "rejected": 0, "work_items": 1}
 _MEASURES = {"transactions": 1, "quantity": Decimal("1.5"), "net": Decimal(100), "tax": Decimal(20)}
 _DAY = {"account_id": "acct-1", "product": "CPU", "billing_day": datetime(2026, 3, 2).date(), "currency": "USD"}
+_PERIOD = {
+    "account_id": "acct-1",
+    "product": "CPU",
+    "period": "2026-03",
+    "region": "",
+    "tax_rate": "",
+    "currency": "USD",
+}
+_ZERO = {"transactions": 1, "quantity": Decimal(0), "net": Decimal(0), "tax": Decimal(0), "total": Decimal(0)}
 #: A ledger of revision 0015: a batch counted in an invoice, a money-free change of another account settled.
 _OLD_ROWS: dict[str, list[dict[str, Any]]] = {
     "batches": [
@@ -114,9 +123,12 @@ _OLD_ROWS: dict[str, list[dict[str, Any]]] = {
         | {"pricebook_hash": "pb", "taxes_hash": "tx", "accepted_at": _AT, "updated_at": _AT}
     ],
     "aggregates": [
-        {"batch_id": "old", **_DAY, "region": "", "pricebook": "pb", **_MEASURES, "total": Decimal(120)},
-        {"batch_id": "old", **_DAY, "account_id": "acct-2", "region": "", "pricebook": "pb"}
-        | {"transactions": 1, "quantity": Decimal(0), "net": Decimal(0), "tax": Decimal(0), "total": Decimal(0)},
+        {"batch_id": "old", **_DAY, "pricebook": "pb", **_MEASURES, "total": Decimal(120)},
+        {"batch_id": "old", **_DAY, "account_id": "acct-2", "pricebook": "pb"} | _ZERO,
+    ],
+    "period_aggregates": [
+        {"batch_id": "old", **_PERIOD, "pricebook": "pb", **_MEASURES, "total": Decimal(120)},
+        {"batch_id": "old", **_PERIOD, "account_id": "acct-2", "pricebook": "pb"} | _ZERO,
     ],
     "documents": [
         {"number": 1, "kind": "invoice", "period": "2026-03", "account_id": "acct-1", "currency": "USD"}
@@ -126,8 +138,7 @@ _OLD_ROWS: dict[str, list[dict[str, Any]]] = {
     "document_lines": [{"number": 1, "product": "CPU", **_MEASURES, "total": Decimal(120)}],
     "document_batches": [{"number": 1, "product": "CPU", "batch_id": "old", **_MEASURES, "total": Decimal(120)}],
     "settled_changes": [
-        {"period": "2026-03", "account_id": "acct-2", "currency": "USD", "product": "CPU", "batch_id": "old"}
-        | {"transactions": 1, "quantity": Decimal(0), "net": Decimal(0), "tax": Decimal(0), "total": Decimal(0)}
+        {"period": "2026-03", "account_id": "acct-2", "currency": "USD", "product": "CPU", "batch_id": "old"} | _ZERO
     ],
     "closed_periods": [{"period": "2026-03", "closed_at": _AT}],
     "counters": [{"name": "document_number", "value": 1}],

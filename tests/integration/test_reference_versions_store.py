@@ -1,6 +1,6 @@
 """What the store keeps of dated reference data, on SQLite and PostgreSQL (``sql_url`` from conftest): aggregates
-per tax region and price book with their tax rate, the rows of the price books batches were rated with, and a store
-from before (migration 0014) upgraded in place."""
+per day and price book, and per period, price book, tax region and tax rate; the rows of the price books batches
+were rated with; and a store from before (migration 0014) upgraded in place."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import sqlalchemy as sa
 from billing import reports
 from shared.rules.reference import load_price_book
 from store import PriceRow, Store, price_rows_of
-from store.schema import aggregates, batches, partials, work_items
+from store.schema import aggregates, batches, partials, period_aggregates, work_items
 from support.records import manifest, partial, result
 from support.revisions import at_revision
 
@@ -24,26 +24,46 @@ BOOK = load_price_book(
 
 
 def stored(store: Store, batch_id: str) -> list[tuple[object, ...]]:
-    columns = [aggregates.c[name] for name in ("account_id", "product", "region", "pricebook", "tax_rate", "net")]
+    """A batch's aggregates: (account, product, day, price book, net)."""
+    columns = [aggregates.c[name] for name in ("account_id", "product", "billing_day", "pricebook", "net")]
     with store.engine.connect() as conn:
         query = sa.select(*columns).where(aggregates.c.batch_id == batch_id).order_by(*columns[:4])
-        return [(*row[:5], int(row[5])) for row in conn.execute(query)]
+        return [(*row[:2], row[2].isoformat(), row[3], int(row[4])) for row in conn.execute(query)]
 
 
-def test_aggregates_are_kept_per_region_and_price_book_with_the_rate(store: Store) -> None:
+def per_period(store: Store, batch_id: str) -> list[tuple[object, ...]]:
+    """A batch's aggregates per period: (account, product, period, price book, region, rate, net, tax)."""
+    names = ("account_id", "product", "period", "pricebook", "region", "tax_rate", "net", "tax")
+    columns = [period_aggregates.c[name] for name in names]
+    with store.engine.connect() as conn:
+        query = sa.select(*columns).where(period_aggregates.c.batch_id == batch_id).order_by(*columns[:6])
+        return [(*row[:6], int(row[6]), int(row[7])) for row in conn.execute(query)]
+
+
+def test_aggregates_are_kept_per_day_and_per_period_region_and_rate(store: Store) -> None:
     rows = [
         partial("acct-1", region="*", pricebook="pb-march", tax_rate="0.2", net=100, tax=20),
         partial("acct-1", region="DE", pricebook="pb-march", tax_rate="0.19", net=200, tax=38),
+        partial("acct-1", day="2026-03-03", region="DE", pricebook="pb-march", tax_rate="0.19", net=5, tax=1),
         partial("acct-1", day="2026-04-01", region="*", pricebook="pb-april", tax_rate="0.21", net=300, tax=63),
     ]
-    store.apply([manifest("b1", work_items=2)], [result("w1", *rows[:2]), result("w2", rows[0], rows[2])])
+    store.apply([manifest("b1", work_items=2)], [result("w1", *rows[:3]), result("w2", rows[0], rows[3])])
     assert stored(store, "b1") == [
-        ("acct-1", "CPU", "*", "pb-april", "0.21", 300),
-        ("acct-1", "CPU", "*", "pb-march", "0.2", 200),
-        ("acct-1", "CPU", "DE", "pb-march", "0.19", 200),
+        ("acct-1", "CPU", "2026-03-02", "pb-march", 400),
+        ("acct-1", "CPU", "2026-03-03", "pb-march", 5),
+        ("acct-1", "CPU", "2026-04-01", "pb-april", 300),
+    ]
+    assert per_period(store, "b1") == [
+        ("acct-1", "CPU", "2026-03", "pb-march", "*", "0.2", 200, 40),
+        ("acct-1", "CPU", "2026-03", "pb-march", "DE", "0.19", 205, 39),
+        ("acct-1", "CPU", "2026-04", "pb-april", "*", "0.21", 300, 63),
     ]
     report = reports.aggregates(store, "b1")  # the reports still sum per account, product and day
-    assert sorted(zip(report["billing_day"], report["net"], strict=True)) == [("2026-03-02", 400), ("2026-04-01", 300)]
+    assert sorted(zip(report["billing_day"], report["net"], strict=True)) == [
+        ("2026-03-02", 400),
+        ("2026-03-03", 5),
+        ("2026-04-01", 300),
+    ]
 
 
 def test_price_book_rows_are_recorded_once_a_book(store: Store) -> None:
@@ -122,9 +142,13 @@ def test_migration_0014_keeps_old_aggregates_and_partials_under_their_batch_s_pr
         conn.execute(
             sa.text(
                 "INSERT INTO aggregates (batch_id, account_id, product, billing_day, currency, transactions, quantity, "
-                "net, tax, total) VALUES ('done', 'acct-1', 'CPU', :day, 'USD', 2, 3, 200, 40, 240)"
+                "net, tax, total) VALUES ('done', 'acct-1', 'CPU', :day, 'USD', 2, 3, :net, 40, 240)"
             ),
-            {"day": date(2026, 3, 2)},
+            [
+                {"day": date(2026, 3, 2), "net": "200"},
+                {"day": date(2026, 3, 31), "net": str(10**37)},
+                {"day": date(2026, 4, 1), "net": "7"},
+            ],
         )
         conn.execute(
             sa.text("INSERT INTO partials (work_item_id, batch_id, aggregates) VALUES ('w1', 'running', :data)"),
@@ -133,14 +157,23 @@ def test_migration_0014_keeps_old_aggregates_and_partials_under_their_batch_s_pr
     engine.dispose()
 
     with Store(sql_url) as store:  # upgrades in place
-        assert stored(store, "done") == [("acct-1", "CPU", "", "pb-done", None, 200)]
+        assert stored(store, "done") == [
+            ("acct-1", "CPU", "2026-03-02", "pb-done", 200),
+            ("acct-1", "CPU", "2026-03-31", "pb-done", 10**37),
+            ("acct-1", "CPU", "2026-04-01", "pb-done", 7),
+        ]
+        assert per_period(store, "done") == [
+            ("acct-1", "CPU", "2026-03", "pb-done", "", "", 10**37 + 200, 80),
+            ("acct-1", "CPU", "2026-04", "pb-done", "", "", 7, 40),
+        ]
         with store.engine.connect() as conn:
             assert conn.scalar(sa.select(sa.func.count()).select_from(partials)) == 1
         store.apply([], [result("w2", partial(net=1, tax=2, pricebook="pb-running"), batch_id="running")])
         status = store.batch("running")
         assert status is not None and (status.state, status.transactions_recorded) == ("complete", 2)
-        assert stored(store, "running") == [
-            ("acct-1", "CPU", "", "pb-running", None, 10**30),
-            ("acct-1", "CPU", "*", "pb-running", "0.2", 1),
+        assert stored(store, "running") == [("acct-1", "CPU", "2026-03-02", "pb-running", 10**30 + 1)]
+        assert per_period(store, "running") == [
+            ("acct-1", "CPU", "2026-03", "pb-running", "", "", 10**30, 20),
+            ("acct-1", "CPU", "2026-03", "pb-running", "*", "0.2", 1, 2),
         ]
         assert store.price_book_rows(["pb-done"]) == {}

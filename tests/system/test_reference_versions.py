@@ -1,7 +1,7 @@
 """Dated reference data through the real roles: a registry of two versions (``billing reference set
 --effective-from``), one file with rows on both sides of the switch and rows before the first version; every
-aggregate (per account, product, day, tax region and price book, with its rate) and every reject against the
-reference model, and the price books' rows recorded by the controller."""
+aggregate (per account, product, day and price book; per period, price book, tax region and rate) and every reject
+against the reference model, and the price books' rows recorded by the controller."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from billing.cli import cli
 from billing.sample import sample_price_book_bytes, sample_tax_table_bytes
 from shared.settings import Settings
 from store import Store
-from store.schema import aggregates, rejects
+from store.schema import aggregates, period_aggregates, rejects
 from support.roles import Roles
 
 FIELDS = ("transaction_id", "account_id", "timestamp", "product", "quantity", "region")
@@ -121,12 +121,17 @@ def test_a_file_spanning_two_versions_is_rated_by_the_version_of_each_row_s_date
         model.read_version(SWITCH, *(path.read_bytes().decode() for path in (book, taxes))),
     ]
     checked = model.check_batch_dated(rows, versions)
-    want: dict[tuple[str, ...], list[Any]] = defaultdict(lambda: [0, 0, 0, 0, ""])
+    want: dict[tuple[str, ...], list[int]] = defaultdict(lambda: [0, 0, 0, 0])
+    want_per_period: dict[tuple[str, ...], list[int]] = defaultdict(lambda: [0, 0, 0, 0])
     for row in checked:
         if isinstance(row, model.Row):
             rated = model.rate_dated(row, versions)
-            sums = want[row.account_id, row.product, rated.billing_day, rated.region, rated.pricebook]
-            sums[:5] = [sums[0] + 1, sums[1] + rated.net, sums[2] + rated.tax, sums[3] + rated.total, rated.tax_rate]
+            period = (row.account_id, row.product, rated.billing_day[:7], rated.pricebook, rated.region, rated.tax_rate)
+            for sums in (
+                want[row.account_id, row.product, rated.billing_day, rated.pricebook],
+                want_per_period[period],
+            ):
+                sums[:] = [sums[0] + 1, sums[1] + rated.net, sums[2] + rated.tax, sums[3] + rated.total]
     reasons = {n: r for n, r in enumerate(checked, start=1) if isinstance(r, str)}
     assert {"no_reference_data", "unknown_region", "negative_quantity"} <= set(reasons.values())
 
@@ -135,21 +140,25 @@ def test_a_file_spanning_two_versions_is_rated_by_the_version_of_each_row_s_date
         assert status is not None and status.state == "complete"
         with store.engine.connect() as conn:
             got = {
-                (r.account_id, r.product, r.billing_day.isoformat(), r.region, r.pricebook): [
-                    r.transactions,
-                    int(r.net),
-                    int(r.tax),
-                    int(r.total),
-                    r.tax_rate,
-                ]
+                (r.account_id, r.product, r.billing_day.isoformat(), r.pricebook): _sums(r)
                 for r in conn.execute(sa.select(aggregates).where(aggregates.c.batch_id == "spanning"))
+            }
+            a = period_aggregates
+            got_per_period = {
+                (r.account_id, r.product, r.period, r.pricebook, r.region, r.tax_rate): _sums(r)
+                for r in conn.execute(sa.select(a).where(a.c.batch_id == "spanning"))
             }
             rejected = dict(
                 conn.execute(sa.select(rejects.c.row, rejects.c.reason).where(rejects.c.batch_id == "spanning")).all()
             )
         assert got == dict(want)
+        assert got_per_period == dict(want_per_period)
         assert rejected == reasons
-        assert {key[4] for key in got} == {hashes[0][0], hashes[1][0]}, "both price books rated rows"
+        assert {key[3] for key in got} == {hashes[0][0], hashes[1][0]}, "both price books rated rows"
         recorded = store.price_book_rows([hashes[0][0], hashes[1][0]])
     assert {product for _, product in recorded} >= set(PRODUCTS)
     assert {row.unit for (book_hash, _), row in recorded.items() if book_hash == hashes[1][0]} == {"each"}
+
+
+def _sums(row: sa.Row[Any]) -> list[int]:
+    return [row.transactions, int(row.net), int(row.tax), int(row.total)]
