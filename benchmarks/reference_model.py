@@ -434,17 +434,19 @@ class Ledger:
         return changes
 
     def _line(self, product: str, pricebook: str, s: list[Decimal], keys: list[tuple[str, ...]]) -> dict[str, Any]:
-        """A document's line of ``product`` rated by ``pricebook``, with that price book's prices of it."""
+        """A document's line of ``product`` rated by ``pricebook``, with that price book's prices of it where the model
+        knows them (:attr:`priced`)."""
         assert self.versions is not None
         books = {version.pricebook: version.prices for version in self.versions}
         price = books.get(pricebook, {}).get(product) if pricebook else None
         texts = price.texts if price else (None, None, None)
-        return {
+        line = {
             "product": product,
             "transactions": int(s[0]),
             "quantity": "0" if s[1] == 0 else format(s[1].normalize(), "f"),
             **{m: int(s[i]) for i, m in enumerate(MEASURES) if i >= 2},
             "batches": sorted({k[7] for k in keys if (k[3], k[4]) == (product, pricebook)}),
-            "pricebook": pricebook or None,
-            **dict(zip(("unit", "unit_price", "offpeak_unit_price"), texts, strict=True)),
         }
+        if not self.priced:  # lines as as_model keeps them without priced
+            return line
+        return line | {"pricebook": pricebook or None} | dict(zip(PRICE_KEYS[1:], texts, strict=True))

@@ -124,6 +124,8 @@ def test_closes_issue_the_models_documents_through_a_void_and_a_later_batch(
     units = f"{'-' if total < 0 else ''}{abs(total) // 10**currency_digits:,}"
     if currency_digits:
         units += f".{abs(total) % 10**currency_digits:0{currency_digits}d}"
-    assert f"Adjustment No. {number}" in table and units in table.splitlines()[-1], table
+    title = f"{'Credit' if total < 0 else 'Debit'} note {of_x[1]['display_number']} (No. {number})"
+    totals = next(line for line in table.splitlines() if line.startswith("total "))
+    assert table.startswith(title) and units in totals, table
     missing = attempt("documents", "show", "99999")
     assert missing.returncode == 1 and "no document numbered 99999" in missing.stderr

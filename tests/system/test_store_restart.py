@@ -112,9 +112,11 @@ def test_billing_status_waits_for_a_store_that_comes_back(
             stderr=subprocess.PIPE,
             text=True,
         )
-        time.sleep(3)
+        assert status.stderr is not None
+        said = status.stderr.readline()  # the store is started again once the command says it waits for it
     finally:
         postgres_server.start()
     out, err = status.communicate(timeout=120)
+    err = said + err
     assert status.returncode == 0, err
     assert err.count("waiting: the SQL store does not answer") == 1 and '"batches": []' in out
