@@ -54,3 +54,8 @@ def with_seller(store: Store) -> Store:
     """``store`` with :data:`SELLER` registered."""
     store.set_seller(SELLER)
     return store
+
+
+def as_issued(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """What issuing fixed of documents' JSON: all but ``corrected_by`` (later notes add to it)."""
+    return [{k: v for k, v in d.items() if k != "corrected_by"} for d in docs]

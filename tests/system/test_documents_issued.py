@@ -17,7 +17,7 @@ from benchmarks import reference_model as model
 from billing.sample import generate, sample_price_book_bytes, sample_tax_table_bytes
 from shared.settings import Settings
 from support.exact import billing, read_raw
-from support.ledger import SELLER_ARGS
+from support.ledger import SELLER_ARGS, as_issued
 from support.roles import Roles
 
 HEADER = "transaction_id,account_id,timestamp,product,quantity,region\n"
@@ -31,11 +31,6 @@ def attempt(*args: str) -> subprocess.CompletedProcess[str]:
 
 def listed(*args: str) -> list[dict[str, Any]]:
     return list(json.loads(billing("documents", "list", "--format", "json", *args).stdout))
-
-
-def as_issued(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """What issuing fixed of documents: all but ``corrected_by`` (later notes add to it)."""
-    return [{k: v for k, v in d.items() if k != "corrected_by"} for d in docs]
 
 
 def run_roles(roles: Roles) -> None:
