@@ -29,7 +29,8 @@ def test_a_batch_that_stopped_moving_says_why(sql_url: str) -> None:
         writer.apply([], unmanifested.results)
         writer.apply([late.manifest], [])  # numbered now: "waiting" waits for "running" instead
         writer.apply([unnumbered.manifest], [])
-        fresh = {s.batch_id: s.stalled for s in Store(sql_url, stalled_after=timedelta(hours=1)).batches()}
+        with Store(sql_url, stalled_after=timedelta(hours=1)) as hourly:
+            fresh = {s.batch_id: s.stalled for s in hourly.batches()}
         assert set(fresh.values()) == {None}, "nothing unchanged for an hour"
 
     with Store(sql_url, stalled_after=timedelta(0)) as reader:
