@@ -18,7 +18,7 @@ import copy
 import json
 import os
 import subprocess
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -184,10 +184,11 @@ def test_yamllint_passes_deploy() -> None:
     assert done.returncode == 0, done.stdout + done.stderr
 
 
-def env_sources() -> Iterator[Any]:
-    for overlay in OVERLAYS:
-        yield pytest.param(lambda overlay=overlay: billing_env(rendered(overlay)), id=overlay)
-    yield pytest.param(compose_env, id="compose")
+def env_sources() -> list[Any]:
+    overlays = [
+        pytest.param(lambda overlay=overlay: billing_env(rendered(overlay)), id=overlay) for overlay in OVERLAYS
+    ]
+    return [*overlays, pytest.param(compose_env, id="compose")]
 
 
 @pytest.mark.parametrize("read_env", env_sources())
