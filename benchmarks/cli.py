@@ -19,10 +19,28 @@ if TYPE_CHECKING:
 
 console = Console(stderr=True)
 
+#: Idle polls of a pull-mode processor at its cap that the idle window must span for its count to mean anything.
+IDLE_POLLS = 3
+
+
+def _idle_window(ctx: click.Context, param: click.Parameter, seconds: float) -> float:
+    """Refuse an idle window too short to count pull's polls (it could count none, and rank pull below push)."""
+    from shared.settings import Settings
+
+    cap = Settings().max_idle_interval
+    if seconds < IDLE_POLLS * cap:
+        raise click.BadParameter(
+            f"{seconds:g} s spans fewer than {IDLE_POLLS} idle polls; at least {IDLE_POLLS * cap:g} s"
+            f" ({IDLE_POLLS} × BILLING_MAX_IDLE_INTERVAL, {cap:g} s)"
+        )
+    return seconds
+
 
 @click.command("bench-listener")
 @click.option("--trials", default=50, show_default=True, help="Trigger wake-ups timed per backend.")
-@click.option("--idle-seconds", default=60.0, show_default=True, help="Idle window measured per mode.")
+@click.option(
+    "--idle-seconds", default=60.0, show_default=True, callback=_idle_window, help="Idle window measured per mode."
+)
 @click.option("--output", type=click.Path(dir_okay=False, path_type=Path), default=Path("bench-listener.json"))
 def bench_listener_command(trials: int, idle_seconds: float, output: Path) -> None:
     """Measure trigger wake-up latency, idle requests per hour and scaling of the listener."""
@@ -126,7 +144,14 @@ def soak_command(minutes: float, store: SoakStoreKind, seed: int, min_batches: i
 @click.command("bench")
 @click.option("--rows", type=int, default=1_000_000, show_default=True, help="The large batch (optimised pipeline).")
 @click.option("--compare-rows", type=int, default=5_000, show_default=True, help="The batch run through both designs.")
-@click.option("--idle-seconds", type=float, default=60.0, show_default=True, help="Idle window measured per mode.")
+@click.option(
+    "--idle-seconds",
+    type=float,
+    default=60.0,
+    show_default=True,
+    callback=_idle_window,
+    help="Idle window measured per mode.",
+)
 @click.option("--scaling-rows", type=int, help="Also measure partitions 1/2/4/8 × processors 1/2/3 with this batch.")
 @click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path), default=Path(".billing/bench-data"))
 @click.option("--output", type=click.Path(dir_okay=False, path_type=Path), default=Path("bench-results.json"))

@@ -40,7 +40,7 @@ def test_bench_measures_both_designs_and_reconciles(tmp_path: Path) -> None:
             "--compare-rows",
             "400",
             "--idle-seconds",
-            "3",
+            str(IDLE_WINDOW),
             "--repeat",
             "1",
             "--data-dir",
