@@ -99,9 +99,11 @@ def test_batches_side_by_side_and_roles_killed_mid_way_stay_exact(
     ]
     files = {hashlib.sha256(path.read_bytes()).hexdigest(): path for path in paths}  # ids of files submitted together
     billing("reference", "set", "--sample")
+    # What the killed roles held is seen again 10 s on, not a minute (the default visibility timeout).
+    settings = settings_env.model_copy(update={"visibility_timeout": 10})
     # Progress is polled in the store, not by a `billing status` process per look (the CLI reads the same
     # rows: support.exact.status); the roles keep both cores.
-    with roles.running(settings_env), Store(settings_env.sql_url_value) as store:
+    with roles.running(settings), Store(settings.sql_url_value) as store:
 
         def states() -> list[BatchStatus | None]:
             return [store.batch(batch_id) for batch_id in files]

@@ -25,6 +25,9 @@ from support.waiting import wait_until
 pytestmark = [pytest.mark.postgres, pytest.mark.parametrize("sql_url", ["postgresql"], indirect=True)]
 
 ROWS = 60_000
+#: Seconds a message the controller received while the store was down stays out of sight: short, so that what it
+#: held is seen again soon after the restart (the default is a minute).
+VISIBILITY = "10"
 
 
 def _submit(batch: Path, batch_id: str, **env: str) -> subprocess.Popen[str]:
@@ -51,6 +54,7 @@ def test_a_waiting_submit_rides_out_a_postgresql_restart(
 ) -> None:
     monkeypatch.setenv("BILLING_SQL_URL", sql_url)
     monkeypatch.setenv("BILLING_WORK_ITEM_SIZE", "2000")
+    monkeypatch.setenv("BILLING_VISIBILITY_TIMEOUT", VISIBILITY)
     settings = Settings()
     batch = tmp_path / "batch.csv"
     generate(ROWS, batch, seed=11, reject_rate=0.01)
@@ -82,6 +86,7 @@ def test_a_submit_that_waits_past_its_patience_names_the_batch_to_follow(
     tmp_path: Path,
 ) -> None:
     monkeypatch.setenv("BILLING_SQL_URL", sql_url)
+    monkeypatch.setenv("BILLING_VISIBILITY_TIMEOUT", VISIBILITY)
     settings = Settings()
     batch = tmp_path / "batch.csv"
     generate(20_000, batch, seed=12)
