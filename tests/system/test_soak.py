@@ -1,4 +1,4 @@
-"""``billing soak --minutes 2`` (what CI runs): batches back to back (CSV, JSON Lines, Parquet; bad rows; repeated ids;
+"""``billing soak --minutes 3`` (what CI runs): batches back to back (CSV, JSON Lines, Parquet; bad rows; repeated ids;
 several billing periods) while roles are SIGKILLed, storage freezes and the fault proxy fails requests.
 The soak's own verdict must be exact and nothing lost, and its JSON must say so field by field. The soak
 waits on conditions with bounds of its own; the test bounds the whole command and stops it as on Ctrl-C
@@ -20,9 +20,9 @@ from benchmarks.soak import OVERTIME, SUBMIT_AGAIN
 
 pytestmark = pytest.mark.slow
 
-MINUTES = 2
+MINUTES = 3
 #: Batches the checks below need: the soak goes on past its minutes until it has submitted them (beside another
-#: test on a loaded machine, two minutes may not be enough).
+#: test on a loaded machine, three minutes may not be enough).
 BATCHES = 4
 #: Seconds the whole command may take: the soak, then its bounded waits for the batches and the queues.
 BOUND = MINUTES * 60 * OVERTIME + 720
