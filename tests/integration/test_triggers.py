@@ -10,14 +10,13 @@
 from __future__ import annotations
 
 import asyncio
-import functools
 import gc
 import json
 import os
 import sys
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -185,8 +184,25 @@ FAST = {  # the SDK's retries and our reconnect back-off, shortened for tests
 }
 
 
+#: For a test connected to a broker that cuts its connections (stopped, or refusing as busy): the SDK leaves their
+#: sockets and transports to the garbage collector, unclosed. The test collects them as it ends (``collected``),
+#: where their warnings, and only theirs, are ignored, so that no later test reports them.
+cuts_connections = pytest.mark.filterwarnings(
+    "ignore:Exception ignored in. <(socket.socket|function (StreamWriter|_SelectorTransport).__del__)"
+    ":pytest.PytestUnraisableExceptionWarning"
+)
+
+
 @pytest.fixture
-def broker() -> Iterator[ServiceBusTestBroker]:
+def collected() -> Iterator[None]:
+    """Collects, as the test ends, what the SDK left to the garbage collector."""
+    yield
+    gc.collect()
+
+
+@pytest.fixture
+def broker(collected: None) -> Iterator[ServiceBusTestBroker]:
+    """A broker for the test; what its clients left is collected once it has stopped."""
     with ServiceBusTestBroker(topic=TOPIC, subscriptions=["a", "b"]) as broker:
         yield broker
 
@@ -209,22 +225,6 @@ class Inbox:
         return self.events
 
 
-def cuts_connections(test: Callable[..., Awaitable[None]]) -> Callable[..., Awaitable[None]]:
-    """For a test that stops a broker under connected clients. The SDK leaves the sockets and transports of the
-    connections the broker cut to the garbage collector, unclosed: they are collected at the test's end, where
-    their warnings (and only theirs) are ignored, so that no later test reports them."""
-
-    @functools.wraps(test)
-    async def run(*args: object, **kwargs: object) -> None:
-        try:
-            await test(*args, **kwargs)
-        finally:
-            gc.collect()
-
-    cut = "Exception ignored in. <(socket.socket|function (StreamWriter|_SelectorTransport).__del__)"
-    return pytest.mark.filterwarnings(f"ignore:{cut}:pytest.PytestUnraisableExceptionWarning")(run)
-
-
 async def _subscriber(
     broker: ServiceBusTestBroker, name: str | None, **options: object
 ) -> tuple[ServiceBusTriggerBus, Inbox]:
@@ -237,6 +237,7 @@ async def _subscriber(
     return bus, inbox
 
 
+@cuts_connections
 async def test_servicebus_publish_reaches_every_subscription(broker: ServiceBusTestBroker) -> None:
     """Declared subscriptions and a per-instance one (created by the broker on attach) all get
     a single publish and a batch publish; the batch goes as one transfer. Once connected, a publish opens
@@ -272,6 +273,7 @@ async def test_servicebus_publish_reaches_every_subscription(broker: ServiceBusT
     assert broker.stats()["receivers"] == {"a": 0, "b": 0, subscribers[2][0].subscription: 0}
 
 
+@cuts_connections
 async def test_servicebus_operations_are_counted(broker: ServiceBusTestBroker) -> None:
     """Sends, receives and settlements are billed operations: each is counted, and the counts
     agree with what the broker saw."""
@@ -296,7 +298,7 @@ async def test_servicebus_operations_are_counted(broker: ServiceBusTestBroker) -
 
 
 @cuts_connections
-async def test_paired_namespaces_publish_to_the_secondary_after_the_interval_and_back() -> None:
+async def test_paired_namespaces_publish_to_the_secondary_after_the_interval_and_back(collected: None) -> None:
     """Two test brokers as two namespaces: while the primary is down, publishing drops hints for the
     failover interval, then sends them to the secondary (where subscribers also listen); after the
     primary returns, the next probe moves publishing back."""
@@ -358,6 +360,7 @@ async def test_servicebus_subscriber_survives_broker_restart(broker: ServiceBusT
         await bus.close()
 
 
+@cuts_connections
 async def test_servicebus_server_busy_pauses(broker: ServiceBusTestBroker) -> None:
     """ServerBusy, once the SDK's own retries are spent, pauses sends (publishes meanwhile are
     dropped without touching the broker) and receives (the receiver attaches after the pause)."""
@@ -400,6 +403,7 @@ async def test_servicebus_server_busy_pauses(broker: ServiceBusTestBroker) -> No
             await late.close()
 
 
+@cuts_connections
 def test_connection_string_is_not_logged(broker: ServiceBusTestBroker) -> None:
     bus = ServiceBusTriggerBus(connection_string=broker.connection_string, topic=TOPIC, subscription="a")
     assert "SharedAccessKey" not in repr(bus) and "SharedAccessKey" not in bus.where
