@@ -1,10 +1,11 @@
-"""Exact arithmetic on aggregates in Arrow: partial aggregates of batches as one table (:func:`of_batches`), summed
-per key (:func:`fold`), never wrapping on overflow (:func:`sum_fits`), and grouped into what the store keeps
-(:func:`daily`, :func:`regional`).
+"""Exact arithmetic on aggregates in Arrow: a batch's partial aggregates as one table (:func:`checked`), summed
+per key (:func:`fold`), never wrapping on overflow (:func:`sum_fits`), into what the store keeps (:func:`daily`,
+:func:`regional`).
 
-A partial aggregate's key is (batch, account, product, billing day, tax region, price book); its values are a
-currency, the tax rate and sums. The store keeps them per day without the region (``aggregates``: the reports), and
-per billing period with the region and rate (``period_aggregates``: the documents).
+A partial aggregate's key is (account, product, billing day, tax region, price book); its values are a currency,
+the tax rate and sums. The store keeps a batch's sums per day without the region (``aggregates``: the reports), and
+per billing period with the region and rate (``period_aggregates``: the documents), each folded straight from the
+partials.
 """
 
 from __future__ import annotations
@@ -20,37 +21,29 @@ from shared.rules.schemas import PARTIAL_SCHEMA
 
 from .schema import EXACT
 
-AGGREGATE_KEY = ("batch_id", "account_id", "product", "billing_day", "region", "pricebook")
 AGGREGATE_VALUES = ("currency", "tax_rate", "transactions", "quantity", "net", "tax", "total")
-#: The values the key determines (the first of them is kept), and those summed.
-KEPT = AGGREGATE_VALUES[:2]
+#: The values summed.
 SUMMED = AGGREGATE_VALUES[2:]
-#: The keys of the rows of ``aggregates`` and of ``period_aggregates``.
-DAILY_KEY = ("batch_id", "account_id", "product", "billing_day", "pricebook")
-PERIOD_KEY = ("batch_id", "account_id", "product", "period", "pricebook", "region", "tax_rate")
-#: How aggregate columns are held in Arrow while folding.
-ARROW_TYPES = {**{f.name: f.type for f in PARTIAL_SCHEMA}, "batch_id": pa.string(), "billing_day": pa.date32()}
-#: A fold's table (see :func:`fold`).
-FOLD_SCHEMA = pa.schema([(name, ARROW_TYPES[name]) for name in AGGREGATE_KEY + AGGREGATE_VALUES])
+#: The keys of a batch's rows of ``aggregates`` and of ``period_aggregates`` (their ``batch_id`` is the batch's).
+DAILY_KEY = ("account_id", "product", "billing_day", "pricebook")
+PERIOD_KEY = ("account_id", "product", "period", "pricebook", "region", "tax_rate")
 
 
-def of_batches(tables: Sequence[tuple[str, pa.Table]]) -> pa.Table:
-    """Partial aggregates (``PARTIAL_SCHEMA`` tables, by batch) as one table with a ``batch_id`` column and
-    ``billing_day`` as a date (checked); a null sum raises ``ValueError``."""
-    if not tables:
-        return FOLD_SCHEMA.empty_table()
-    table = pa.concat_tables([partial for _, partial in tables])
+def checked(tables: Sequence[pa.Table]) -> pa.Table:
+    """Partial aggregates (``PARTIAL_SCHEMA`` tables) as one table; a null sum or a billing day that is no date
+    raises ``ValueError``."""
+    table = pa.concat_tables(tables) if tables else PARTIAL_SCHEMA.empty_table()
     for name in SUMMED:
         if table[name].null_count:
             raise ValueError(f"partial aggregates with a null {name}")
-    batch_ids = pa.chunked_array([pa.repeat(batch_id, partial.num_rows) for batch_id, partial in tables], pa.string())
-    day = table.schema.get_field_index("billing_day")
-    return table.set_column(day, "billing_day", table["billing_day"].cast(pa.date32())).add_column(
-        0, "batch_id", batch_ids
-    )
+    try:
+        table["billing_day"].cast(pa.date32())
+    except pa.ArrowInvalid as exc:
+        raise ValueError(f"partial aggregates with a billing day that is no date: {exc}") from exc
+    return table
 
 
-def fold(table: pa.Table, key: Sequence[str] = AGGREGATE_KEY, kept: Sequence[str] = KEPT) -> pa.Table:
+def fold(table: pa.Table, key: Sequence[str], kept: Sequence[str] = ("currency",)) -> pa.Table:
     """``table``'s rows summed per ``key``, exactly, in key order (key, the first of each ``kept`` column not null,
     sums).
 
@@ -76,20 +69,20 @@ def fold(table: pa.Table, key: Sequence[str] = AGGREGATE_KEY, kept: Sequence[str
     return folded.sort_by([(name, "ascending") for name in key])
 
 
-def daily(folded: pa.Table) -> pa.Table:
-    """A batch's fold (:func:`fold`) summed per :data:`DAILY_KEY`: the rows of ``aggregates``."""
-    return fold(folded, DAILY_KEY, ("currency",))
+def daily(table: pa.Table) -> pa.Table:
+    """Partial aggregates (:func:`checked`), or an earlier :func:`daily`, summed per :data:`DAILY_KEY`: a batch's rows
+    of ``aggregates``."""
+    return fold(table, DAILY_KEY)
 
 
-def regional(folded: pa.Table) -> pa.Table:
-    """A batch's fold (:func:`fold`) summed per :data:`PERIOD_KEY` (the period ``YYYY-MM`` of the billing day, a
-    rate not recorded as ``''``): the rows of ``period_aggregates``."""
-    period = pc.utf8_slice_codeunits(folded["billing_day"].cast(pa.string()), 0, 7)
-    rate = pc.fill_null(folded["tax_rate"], "")
-    table = folded.append_column("period", period).set_column(
-        folded.schema.get_field_index("tax_rate"), "tax_rate", rate
-    )
-    return fold(table, PERIOD_KEY, ("currency",))
+def regional(table: pa.Table) -> pa.Table:
+    """Partial aggregates (:func:`checked`), or an earlier :func:`regional`, summed per :data:`PERIOD_KEY` (the
+    period ``YYYY-MM`` of the billing day, a rate not recorded as ``''``): a batch's rows of ``period_aggregates``."""
+    if "period" not in table.column_names:
+        table = table.append_column("period", pc.utf8_slice_codeunits(table["billing_day"], 0, 7)).set_column(
+            table.schema.get_field_index("tax_rate"), "tax_rate", pc.fill_null(table["tax_rate"], "")
+        )
+    return fold(table, PERIOD_KEY)
 
 
 def sum_fits(column: pa.ChunkedArray) -> bool:

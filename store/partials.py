@@ -3,16 +3,16 @@ and ``period_aggregates`` (per billing period, tax region and rate) once.
 
 A work item's partial aggregates are one row of ``partials`` (an Arrow stream, LZ4: written and read in a few
 milliseconds), written in the transaction that records the item, so that recording a work item costs one row however
-many aggregate keys it touches. When the
-batch completes, its partials and the partials of its held rows counted then are folded (:func:`~store.fold.fold`),
-grouped per day and per period (:func:`~store.fold.daily`, :func:`~store.fold.regional`) and written as its
-aggregates, and the partials go; when it fails (a poisoned work item), what it counted so far is
-written the same way and the partials stay, so that a replay that completes it later writes the whole again. Sums
-beyond what the store's columns hold (10^38 minor units) are found then: the store refuses the batch for them.
+many aggregate keys it touches. When the batch completes, its partials and the partials of its held rows counted then
+are summed per day and per period (:func:`~store.fold.daily`, :func:`~store.fold.regional`) and written as its
+aggregates, and the partials go; when it fails (a poisoned work item), what it counted so far is written the same way
+and the partials stay, so that a replay that completes it later writes the whole again. Sums beyond what the store's
+columns hold (10^38 minor units) are found then: the store refuses the batch for them.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Iterator
 
 import pyarrow as pa
@@ -21,10 +21,10 @@ import sqlalchemy as sa
 from shared.rules.schemas import PARTIAL_SCHEMA
 
 from .engine import CHUNK, chunks
-from .fold import SUMMED, daily, fold, of_batches, regional, sql_values
+from .fold import SUMMED, checked, daily, regional, sql_values
 from .schema import aggregates, partials, period_aggregates
 
-#: Partial aggregates folded at a time while a batch settles (a batch's keys, not its rows, bound the fold).
+#: Partial aggregates summed at a time while a batch settles (a batch's keys, not its rows, bound the sums).
 _FOLD_ROWS = 500_000
 #: The tables a batch's aggregates are written to.
 _WRITTEN = (aggregates, period_aggregates)
@@ -50,14 +50,13 @@ def settle(conn: sa.Connection, batch_id: str, kept: pa.Table | None, *, complet
     after a replay). A ``complete`` batch's partials go. Raises :class:`Overflow`, having written nothing, when a sum
     does not fit its column."""
     try:
-        folded = _fold(_tables(conn, batch_id, kept), batch_id)
-        written = (daily(folded), regional(folded))
+        written = _fold(_tables(conn, batch_id, kept))
     except pa.ArrowInvalid as exc:
         raise Overflow(Overflow.__doc__) from exc
     for table, rows in zip(_WRITTEN, written, strict=True):
         conn.execute(sa.delete(table).where(table.c.batch_id == batch_id))
         if rows.num_rows:
-            _insert(conn, table, rows)
+            _insert(conn, table, batch_id, rows)
     if complete:
         conn.execute(sa.delete(partials).where(partials.c.batch_id == batch_id))
 
@@ -71,28 +70,40 @@ def _tables(conn: sa.Connection, batch_id: str, kept: pa.Table | None) -> Iterat
         yield kept
 
 
-def _fold(tables: Iterator[pa.Table], batch_id: str) -> pa.Table:
-    """The tables of one batch folded into its aggregates (:func:`~store.fold.fold`), so many rows at a time."""
-    folded = of_batches([])
-    pending: list[tuple[str, pa.Table]] = []
+def _fold(tables: Iterable[pa.Table]) -> tuple[pa.Table, pa.Table]:
+    """A batch's partial aggregates summed per day and per period (:func:`~store.fold.daily`,
+    :func:`~store.fold.regional`), :data:`_FOLD_ROWS` or so at a time."""
+    sums = daily(checked([])), regional(checked([]))
+    for group in _groups(tables, _FOLD_ROWS):
+        part = checked(group)
+        sums = daily(pa.concat_tables([sums[0], daily(part)])), regional(pa.concat_tables([sums[1], regional(part)]))
+    return sums
+
+
+def _groups(tables: Iterable[pa.Table], rows: int) -> Iterator[list[pa.Table]]:
+    """``tables`` taken as they come, in lists of at least ``rows`` rows (the last one fewer)."""
+    group: list[pa.Table] = []
     for table in tables:
-        pending.append((batch_id, table))
-        if sum(part.num_rows for _, part in pending) >= _FOLD_ROWS:
-            folded, pending = fold(pa.concat_tables([folded, of_batches(pending)])), []
-    return fold(pa.concat_tables([folded, of_batches(pending)])) if pending else folded
+        group.append(table)
+        if sum(part.num_rows for part in group) >= rows:
+            yield group
+            group = []
+    if group:
+        yield group
 
 
-def _insert(conn: sa.Connection, table: sa.Table, rows: pa.Table) -> None:
-    """Insert aggregates into ``table`` (its columns' names): on SQLite the canonical decimal text Arrow wrote, on
-    PostgreSQL in one statement, one array a column."""
-    columns = [column.name for column in table.columns]
+def _insert(conn: sa.Connection, table: sa.Table, batch_id: str, rows: pa.Table) -> None:
+    """Insert a batch's aggregates into ``table`` (the other columns' names): on SQLite the canonical decimal text
+    Arrow wrote, on PostgreSQL in one statement, one array a column."""
+    columns = [column.name for column in table.columns if column.name != "batch_id"]
+    names = ", ".join(["batch_id", *columns])
     if conn.dialect.name == "postgresql":
         arrays = ", ".join(f"CAST(:{name} AS {_PG_TYPES.get(name, 'text')}[])" for name in columns)
-        statement = sa.text(f"INSERT INTO {table.name} ({', '.join(columns)}) SELECT * FROM unnest({arrays})")
-        conn.execute(statement, {name: sql_values(rows[name]) for name in columns})
+        statement = sa.text(f"INSERT INTO {table.name} ({names}) SELECT :batch_id, * FROM unnest({arrays})")
+        conn.execute(statement, {"batch_id": batch_id, **{name: sql_values(rows[name]) for name in columns}})
         return
-    insert = f"INSERT INTO {table.name} ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})"
-    values = zip(*(sql_values(rows[name]) for name in columns), strict=True)
+    insert = f"INSERT INTO {table.name} ({names}) VALUES (?, {', '.join('?' * len(columns))})"
+    values = zip(itertools.repeat(batch_id), *(sql_values(rows[name]) for name in columns))
     for chunk in chunks(values, CHUNK):
         conn.exec_driver_sql(insert, chunk)
 
@@ -100,7 +111,7 @@ def _insert(conn: sa.Connection, table: sa.Table, rows: pa.Table) -> None:
 def _encode(table: pa.Table) -> bytes:
     """A work item's partial aggregates (``PARTIAL_SCHEMA``) as an Arrow stream, compressed; a null sum raises
     ``ValueError``."""
-    of_batches([("", table)])  # checks them
+    checked([table])
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, PARTIAL_SCHEMA, options=_IPC) as stream:
         stream.write_table(table)
