@@ -16,7 +16,9 @@ import sqlalchemy as sa
 from benchmarks.postgres import PostgresNotInstalled, PostgresServer
 from shared.messaging.storage import Storage
 from shared.settings import Settings
+from store import Store
 from support.azurite import running_azurite
+from support.databases import copy_sqlite, migrated_sqlite, postgres_database
 from support.roles import Roles
 
 #: Folders in the order a worker is handed their tests: the longest first, so that no worker is left with a
@@ -80,29 +82,48 @@ def postgres_url(postgres_server: PostgresServer) -> str:
     return postgres_server.url
 
 
+@pytest.fixture(scope="session")
+def sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A SQLite store migrated to the newest revision once per test process, copied by ``migrated_url``."""
+    return migrated_sqlite(tmp_path_factory.mktemp("template") / "billing.db")
+
+
+@pytest.fixture(scope="session")
+def postgres_template(postgres_url: str) -> Iterator[str]:
+    """The name of a database on the session's PostgreSQL migrated to the newest revision once per test process,
+    copied by ``migrated_url``."""
+    with postgres_database(postgres_url) as url:
+        Store(url).close()
+        yield str(sa.make_url(url).database)
+
+
 @pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
 def sql_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     """A fresh, empty database for one test: a SQLite file, or a new database on the session's PostgreSQL."""
     if request.param == "sqlite":
         yield f"sqlite:///{tmp_path / 'billing.db'}"
         return
-    server = sa.make_url(request.getfixturevalue("postgres_url"))
-    name = f"test_{uuid.uuid4().hex[:16]}"
-    admin = sa.create_engine(server, isolation_level="AUTOCOMMIT", pool_pre_ping=True)  # the server may restart
-    try:
-        with admin.connect() as conn:
-            conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
-        yield server.set(database=name).render_as_string(hide_password=False)
-        with admin.connect() as conn:
-            conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-    finally:
-        admin.dispose()
+    with postgres_database(request.getfixturevalue("postgres_url")) as url:
+        yield url
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+def migrated_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """A fresh database for one test, migrated to the newest revision: a copy of the process's template."""
+    if request.param == "sqlite":
+        yield copy_sqlite(request.getfixturevalue("sqlite_template"), tmp_path / "billing.db")
+        return
+    template = request.getfixturevalue("postgres_template")
+    with postgres_database(request.getfixturevalue("postgres_url"), template) as url:
+        yield url
 
 
 @pytest.fixture
-def settings_env(azurite: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Settings]:
-    """``BILLING_*`` set for one test (session Azurite, SQLite under ``tmp_path``, a queue prefix of its
-    own, containers of its own; any other ``BILLING_*`` from the caller's environment removed);
+def settings_env(
+    azurite: str, sqlite_template: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Settings]:
+    """``BILLING_*`` set for one test (session Azurite, a migrated SQLite store under ``tmp_path``, a queue prefix
+    of its own, containers of its own; any other ``BILLING_*`` from the caller's environment removed);
     yields the matching ``Settings``."""
     for key in [k for k in os.environ if k.upper().startswith("BILLING_")]:
         monkeypatch.delenv(key)
@@ -110,7 +131,7 @@ def settings_env(azurite: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     home.mkdir()
     monkeypatch.setenv("BILLING_STORAGE_CONNECTION_STRING", azurite)
     monkeypatch.setenv("BILLING_HOME", str(home))
-    monkeypatch.setenv("BILLING_SQL_URL", f"sqlite:///{tmp_path / 'billing.db'}")
+    monkeypatch.setenv("BILLING_SQL_URL", copy_sqlite(sqlite_template, tmp_path / "billing.db"))
     prefix = f"t{uuid.uuid4().hex[:12]}"
     monkeypatch.setenv("BILLING_QUEUE_PREFIX", prefix)
     for name in ("inbox", "work", "reference", "trigger"):

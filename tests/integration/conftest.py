@@ -1,4 +1,5 @@
-"""Fixtures of the integration tests: the store on a fresh database (``sql_url``: SQLite and PostgreSQL)."""
+"""Fixtures of the integration tests: the store on a fresh database, migrated (``migrated_url``: SQLite and
+PostgreSQL)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,6 @@ from store import Store
 
 
 @pytest.fixture
-def store(sql_url: str) -> Iterator[Store]:
-    with Store(sql_url) as opened:
+def store(migrated_url: str) -> Iterator[Store]:
+    with Store(migrated_url) as opened:
         yield opened

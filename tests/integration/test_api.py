@@ -25,8 +25,8 @@ from support.reports import BIG, HOSTILE, fill
 
 
 @pytest.fixture
-def app(sql_url: str, settings_env: Settings) -> Iterator[FastAPI]:
-    with Store(sql_url) as store:
+def app(migrated_url: str, settings_env: Settings) -> Iterator[FastAPI]:
+    with Store(migrated_url) as store:
         fill(store)
         yield create_app(settings_env, store)
 
@@ -151,9 +151,9 @@ def test_poison_actions_need_a_configured_token_and_the_csrf_value(
     assert client.get("/poison/purge").status_code == 405  # never by GET
 
 
-def test_a_loopback_server_answers_loopback_hosts_only(sql_url: str, settings_env: Settings) -> None:
+def test_a_loopback_server_answers_loopback_hosts_only(migrated_url: str, settings_env: Settings) -> None:
     """What ``billing serve`` builds on 127.0.0.1: a page elsewhere that rebinds its name to 127.0.0.1 is refused."""
-    with Store(sql_url) as store:
+    with Store(migrated_url) as store:
         app = create_app(settings_env, store, allowed_hosts=LOOPBACK_HOSTS)
         assert TestClient(app, base_url="http://127.0.0.1:8080").get("/api/batches").status_code == 200
         assert TestClient(app, base_url="http://localhost:8080").get("/batches").status_code == 200

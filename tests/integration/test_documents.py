@@ -125,8 +125,8 @@ def test_a_malformed_or_future_period_is_refused_and_nothing_is_issued(store: St
     assert [d.number for d in store.close_period("2026-03", now=NOW)] == [1], "no number was taken"
 
 
-def test_closes_at_once_are_serialised_and_numbers_stay_gap_free(sql_url: str) -> None:
-    with with_seller(Store(sql_url)) as store:
+def test_closes_at_once_are_serialised_and_numbers_stay_gap_free(migrated_url: str) -> None:
+    with with_seller(Store(migrated_url)) as store:
         complete(store, "b1", *(partial(f"acct-{i:02d}", net=i + 1, tax=0) for i in range(12)))
         complete(store, "b2", *(partial(f"acct-{i:02d}", net=i + 1, tax=0, day="2026-02-03") for i in range(12)))
     issued: list[list[Document]] = []
@@ -134,7 +134,7 @@ def test_closes_at_once_are_serialised_and_numbers_stay_gap_free(sql_url: str) -
 
     def closer(period: str) -> None:
         try:
-            with Store(sql_url) as mine:
+            with Store(migrated_url) as mine:
                 issued.append(mine.close_period(period, now=NOW))
         except BaseException as exc:
             errors.append(exc)
@@ -146,7 +146,7 @@ def test_closes_at_once_are_serialised_and_numbers_stay_gap_free(sql_url: str) -
         thread.join()
     assert not errors
     assert sorted(len(docs) for docs in issued) == [0, 0, 0, 0, 12, 12], "each period closed once"
-    with Store(sql_url) as store:
+    with Store(migrated_url) as store:
         found = store.documents()
     assert [d.number for d in found] == list(range(1, 25)), "gap-free, each number once"
     for docs in issued:

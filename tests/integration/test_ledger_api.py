@@ -59,8 +59,8 @@ def fill(store: Store) -> None:
 
 
 @pytest.fixture
-def store(sql_url: str) -> Iterator[Store]:
-    with Store(sql_url) as opened:
+def store(migrated_url: str) -> Iterator[Store]:
+    with Store(migrated_url) as opened:
         fill(opened)
         yield opened
 

@@ -260,7 +260,7 @@ def _line_sums(docs: list[Document]) -> dict[tuple[str, str, str], tuple[int, De
     return {key: s for key, s in sums.items() if any(s)}
 
 
-def test_a_manifest_that_comes_late_keeps_its_batchs_place_in_merge_order(sql_url: str) -> None:
+def test_a_manifest_that_comes_late_keeps_its_batchs_place_in_merge_order(migrated_url: str) -> None:
     """Batch two's results arrive before its manifest; batch three, merged after it, waits for it unnumbered (its
     ``t1`` held: two may hold it), and both complete once two's manifest comes, numbered in merge order: two counts
     its first ``t1``, three's is a duplicate. Numbered in arrival order, three would have counted ``t1`` and two,
@@ -271,7 +271,7 @@ def test_a_manifest_that_comes_late_keeps_its_batchs_place_in_merge_order(sql_ur
         values = ("acct-a", "2026-03-02T09:30:00Z", "compute.vcpu-hour", "1", "")
         return roles.cut(batch_id, csv_of([dict(zip(FIELDS, (i, *values), strict=True)) for i in ids]))
 
-    with Store(sql_url) as store:
+    with Store(migrated_url) as store:
         one, two = cut("one", "t0"), cut("two", "t1", "t1")
         store.apply([one.manifest], one.results)
         store.apply([], two.results)
@@ -288,9 +288,8 @@ def test_a_manifest_that_comes_late_keeps_its_batchs_place_in_merge_order(sql_ur
         assert sum(r["transactions"] for r in store.totals(("account_id",)).rows) == 2, "t0 and t1, once"
 
 
-def test_random_submits_voids_and_closes_keep_the_books_exact(sql_url: str) -> None:
-    Store(sql_url).close()  # migrated once
-    machine = type("Ledger", (LedgerMachine,), {"url": sql_url})
+def test_random_submits_voids_and_closes_keep_the_books_exact(migrated_url: str) -> None:
+    machine = type("Ledger", (LedgerMachine,), {"url": migrated_url})
     run_state_machine_as_test(
         machine,
         settings=settings(

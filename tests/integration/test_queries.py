@@ -150,11 +150,11 @@ def _billing(sql_url: str, tmp_path: Path, *args: str) -> subprocess.CompletedPr
     )
 
 
-def test_billing_report_filters_and_html(store: Store, sql_url: str, tmp_path: Path) -> None:
+def test_billing_report_filters_and_html(store: Store, migrated_url: str, tmp_path: Path) -> None:
     fill(store)
 
     done = _billing(
-        sql_url, tmp_path, "report", "invoices", "--period", "2026-03", "--account", "acct-1", "--format", "json"
+        migrated_url, tmp_path, "report", "invoices", "--period", "2026-03", "--account", "acct-1", "--format", "json"
     )
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout) == [
@@ -172,7 +172,7 @@ def test_billing_report_filters_and_html(store: Store, sql_url: str, tmp_path: P
 
     out = tmp_path / "report.html"
     done = _billing(
-        sql_url,
+        migrated_url,
         tmp_path,
         "report",
         "aggregates",
@@ -196,16 +196,18 @@ def test_billing_report_filters_and_html(store: Store, sql_url: str, tmp_path: P
     rejects = tmp_path / "rejects.html"
     assert (
         _billing(
-            sql_url, tmp_path, "report", "rejects", "--batch", "evil", "--format", "html", "--output", str(rejects)
+            migrated_url, tmp_path, "report", "rejects", "--batch", "evil", "--format", "html", "--output", str(rejects)
         ).returncode
         == 0
     )
     assert "&lt;script&gt;document.title" in rejects.read_text() and "<script" not in rejects.read_text()
     assert "<img" not in rejects.read_text() and list(reports.rejects(store, "evil")["raw"]) == [HOSTILE]
 
-    refused = _billing(sql_url, tmp_path, "report", "invoices", "--period", "March")
+    refused = _billing(migrated_url, tmp_path, "report", "invoices", "--period", "March")
     assert refused.returncode == 2 and "YYYY-MM" in refused.stderr
-    reversed_range = _billing(sql_url, tmp_path, "report", "aggregates", "--from", "2026-03-31", "--to", "2026-03-01")
+    reversed_range = _billing(
+        migrated_url, tmp_path, "report", "aggregates", "--from", "2026-03-31", "--to", "2026-03-01"
+    )
     assert reversed_range.returncode == 2 and reversed_range.stdout == ""
     assert (
         "from 2026-03-31 is after to 2026-03-01" in reversed_range.stderr and "Traceback" not in reversed_range.stderr

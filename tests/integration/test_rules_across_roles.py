@@ -47,7 +47,7 @@ def batch_file(path: Path) -> Path:
 
 
 @pytest.mark.parametrize("seed", [1, 2])
-def test_rules_split_over_the_roles_equal_the_model(sql_url: str, tmp_path: Path, seed: int) -> None:
+def test_rules_split_over_the_roles_equal_the_model(migrated_url: str, tmp_path: Path, seed: int) -> None:
     path = batch_file(tmp_path / "batch.csv")
     price_book, tax_table = sample_price_book_bytes(), sample_tax_table_bytes()
     results = [result for message in rated(path, price_book, tax_table, work_item_size=250) for result in message]
@@ -55,7 +55,7 @@ def test_rules_split_over_the_roles_equal_the_model(sql_url: str, tmp_path: Path
     assert sum(r.held.num_rows for r in results) >= 6, "repeats are held across work items"
     random.Random(seed).shuffle(results)
 
-    with Store(sql_url) as store:
+    with Store(migrated_url) as store:
         for start in range(0, len(results), 3):
             store.apply([done] if start == 3 else [], results[start : start + 3])
         status = store.batch(BATCH)

@@ -11,7 +11,7 @@ from store import Store
 from support.ledger import csv_of, rows_of
 
 
-def test_a_batch_that_stopped_moving_says_why(sql_url: str) -> None:
+def test_a_batch_that_stopped_moving_says_why(migrated_url: str) -> None:
     roles = InProcess(bits=1 << 16, work_item_size=200)
 
     def cut(batch_id: str, ids: list[str]) -> Cut:
@@ -22,18 +22,18 @@ def test_a_batch_that_stopped_moving_says_why(sql_url: str) -> None:
     waiting = cut("waiting", [f"r{i}" for i in range(10)])  # shares ids with "running"
     unnumbered = cut("unnumbered", [f"u{i}" for i in range(10)])
     unmanifested = cut("unmanifested", [f"m{i}" for i in range(10)])
-    with Store(sql_url) as writer:
+    with Store(migrated_url) as writer:
         writer.apply([running.manifest], running.results[:1])  # the rest of its work items missing
         writer.apply([], late.results)  # its manifest delayed: the later merges wait for it
         writer.apply([waiting.manifest, unnumbered.manifest], waiting.results + unnumbered.results)
         writer.apply([], unmanifested.results)
         writer.apply([late.manifest], [])  # numbered now: "waiting" waits for "running" instead
         writer.apply([unnumbered.manifest], [])
-        with Store(sql_url, stalled_after=timedelta(hours=1)) as hourly:
+        with Store(migrated_url, stalled_after=timedelta(hours=1)) as hourly:
             fresh = {s.batch_id: s.stalled for s in hourly.batches()}
         assert set(fresh.values()) == {None}, "nothing unchanged for an hour"
 
-    with Store(sql_url, stalled_after=timedelta(0)) as reader:
+    with Store(migrated_url, stalled_after=timedelta(0)) as reader:
         reasons = {s.batch_id: s.stalled for s in reader.batches()}
         waits = reader.batch("waiting")
     assert reasons["late"] is None and reasons["unnumbered"] is None, "complete: nothing to say"
@@ -47,15 +47,15 @@ def test_a_batch_that_stopped_moving_says_why(sql_url: str) -> None:
     assert (reasons["unmanifested"] or "").startswith("no manifest yet")
 
 
-def test_a_batch_waiting_for_an_earlier_merge_names_it(sql_url: str) -> None:
+def test_a_batch_waiting_for_an_earlier_merge_names_it(migrated_url: str) -> None:
     roles = InProcess(bits=1 << 16)
     zero, first, second = (
         roles.cut(b, csv_of(rows_of([f"{b}{i}" for i in range(10)]))) for b in ("zero", "first", "second")
     )
-    with Store(sql_url) as writer:
+    with Store(migrated_url) as writer:
         writer.apply([zero.manifest], zero.results)  # the store counts merges from its first
         writer.apply([second.manifest], second.results)
-    with Store(sql_url, stalled_after=timedelta(0)) as reader:
+    with Store(migrated_url, stalled_after=timedelta(0)) as reader:
         stalled = reader.batch("second")
     assert stalled is not None and stalled.seq is None
     assert stalled.stalled == (

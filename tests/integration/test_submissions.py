@@ -69,8 +69,8 @@ async def test_only_a_lost_request_is_sent_again(settings_env: Settings, storage
     assert await requests_waiting(storage, settings_env) == 1, "an initiator has the request of one"
 
 
-def test_a_batch_is_accounted_for_once_its_manifest_is_recorded(sql_url: str) -> None:
-    with Store(sql_url) as store:
+def test_a_batch_is_accounted_for_once_its_manifest_is_recorded(migrated_url: str) -> None:
+    with Store(migrated_url) as store:
         store.apply([], [result("partial:1", batch_id="partial")])  # results before their manifest
         store.apply([manifest("accepted", work_items=2)], [result("accepted:1", batch_id="accepted")])
         store.apply([manifest("refused", refused="bad file")], [])
