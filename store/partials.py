@@ -73,9 +73,9 @@ def _tables(conn: sa.Connection, batch_id: str, kept: pa.Table | None) -> Iterat
 def _fold(tables: Iterable[pa.Table]) -> tuple[pa.Table, pa.Table]:
     """A batch's partial aggregates summed per day and per period (:func:`~store.fold.daily`,
     :func:`~store.fold.regional`), :data:`_FOLD_ROWS` or so at a time."""
-    sums = daily(checked([])), regional(checked([]))
+    sums = daily(PARTIAL_SCHEMA.empty_table()), regional(PARTIAL_SCHEMA.empty_table())
     for group in _groups(tables, _FOLD_ROWS):
-        part = checked(group)
+        part = pa.concat_tables(group)  # checked as they were recorded (:func:`_encode`)
         sums = daily(pa.concat_tables([sums[0], daily(part)])), regional(pa.concat_tables([sums[1], regional(part)]))
     return sums
 
