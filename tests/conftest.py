@@ -16,9 +16,8 @@ import sqlalchemy as sa
 from benchmarks.postgres import PostgresNotInstalled, PostgresServer
 from shared.messaging.storage import Storage
 from shared.settings import Settings
-from store import Store
 from support.azurite import running_azurite
-from support.databases import copy_sqlite, migrated_sqlite, postgres_database
+from support.databases import copy_sqlite, migrated, postgres_database
 from support.roles import Roles
 
 #: Folders in the order a worker is handed their tests: the longest first, so that no worker is left with a
@@ -85,7 +84,9 @@ def postgres_url(postgres_server: PostgresServer) -> str:
 @pytest.fixture(scope="session")
 def sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A SQLite store migrated to the newest revision once per test process, copied by ``migrated_url``."""
-    return migrated_sqlite(tmp_path_factory.mktemp("template") / "billing.db")
+    path = tmp_path_factory.mktemp("template") / "billing.db"
+    migrated(f"sqlite:///{path}")
+    return path
 
 
 @pytest.fixture(scope="session")
@@ -93,8 +94,7 @@ def postgres_template(postgres_url: str) -> Iterator[str]:
     """The name of a database on the session's PostgreSQL migrated to the newest revision once per test process,
     copied by ``migrated_url``."""
     with postgres_database(postgres_url) as url:
-        Store(url).close()
-        yield str(sa.make_url(url).database)
+        yield str(sa.make_url(migrated(url)).database)
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])

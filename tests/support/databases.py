@@ -16,10 +16,10 @@ import sqlalchemy as sa
 from store import Store
 
 
-def migrated_sqlite(path: Path) -> Path:
-    """A SQLite store at ``path``, migrated to the newest revision (a template)."""
-    Store(f"sqlite:///{path}").close()
-    return path
+def migrated(url: str) -> str:
+    """The store at ``url``, migrated to the newest revision (a template); its URL."""
+    Store(url).close()
+    return url
 
 
 def copy_sqlite(template: Path, path: Path) -> str:
