@@ -10,7 +10,7 @@ import os
 import resource
 import signal
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -122,12 +122,17 @@ class Service:
         finally:
             for task in tasks:
                 task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-            if self.triggers is not None:
-                await self.triggers.close()
-            await self.aclose()
-            if state_file is not None:
-                self._write_state(state_file)
+            await _to_the_end(self._wind_down(tasks, state_file))
+
+    async def _wind_down(self, tasks: list[asyncio.Task[None]], state_file: Path | None) -> None:
+        """The end of :meth:`run`: its tasks ended, the triggers closed, what the role holds released
+        (:meth:`aclose`), its state written a last time."""
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if self.triggers is not None:
+            await self.triggers.close()
+        await self.aclose()
+        if state_file is not None:
+            self._write_state(state_file)
 
     async def _until_stopped(self, listeners: list[asyncio.Task[None]]) -> None:
         """Wait for every listener to end. When one fails (a :class:`~shared.errors.ConfigurationError`),
@@ -198,6 +203,17 @@ async def _repeating(interval: float | None, chore: Callable[[], Awaitable[objec
         if interval is None:
             return
         await asyncio.sleep(interval)
+
+
+async def _to_the_end(work: Coroutine[Any, Any, None]) -> None:
+    """Await ``work`` to its end even when the caller is cancelled meanwhile (the shutdown deadline
+    passing while a role winds down); the cancellation goes on once it has ended."""
+    task = asyncio.ensure_future(work)
+    try:
+        await asyncio.shield(task)
+    except asyncio.CancelledError:
+        await task
+        raise
 
 
 def _past_deadline(running: asyncio.Task[None]) -> None:
