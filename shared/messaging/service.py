@@ -10,7 +10,7 @@ import os
 import resource
 import signal
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -205,7 +205,7 @@ async def _repeating(interval: float | None, chore: Callable[[], Awaitable[objec
         await asyncio.sleep(interval)
 
 
-async def _to_the_end(work: Coroutine[Any, Any, None]) -> None:
+async def _to_the_end(work: Awaitable[None]) -> None:
     """Await ``work`` to its end even when the caller is cancelled meanwhile (the shutdown deadline
     passing while a role winds down); the cancellation goes on once it has ended."""
     task = asyncio.ensure_future(work)

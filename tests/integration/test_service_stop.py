@@ -12,6 +12,7 @@ from shared.messaging.poison import PoisonQueue
 from shared.messaging.service import Service, serve
 from shared.messaging.storage import Storage
 from shared.settings import Settings
+from support.waiting import wait_until_async
 
 #: How long a chore takes to end once cancelled: longer than the deadline below.
 SLOW_TO_END = 0.5
@@ -52,8 +53,8 @@ async def test_a_deadline_that_passes_while_the_role_winds_down_still_lets_it_re
         return role
 
     async def stop_soon() -> None:
-        while not role.listeners[0].state().to_dict()["idle_polls"]:
-            await asyncio.sleep(0.05)
+        async with asyncio.timeout(30):
+            await wait_until_async(lambda: role.listeners[0].state().idle_polls)
         os.kill(os.getpid(), signal.SIGTERM)
 
     stopping = asyncio.create_task(stop_soon())
