@@ -130,14 +130,34 @@ def bench_ledger_command(
     show_default=True,
     help="Go on past --minutes until this many batches were submitted (at most 3 times as long).",
 )
+@click.option(
+    "--batches-per-minute",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    help="Submit new batches no faster than this (default: back to back, two to three in flight).",
+)
 @click.option("--output", type=click.Path(dir_okay=False, path_type=Path), default=Path("soak.json"))
-def soak_command(minutes: float, store: SoakStoreKind, seed: int, min_batches: int, output: Path) -> None:
-    """Batches back to back under random faults, then every batch checked exactly (JSON + PNG); exit 1 if not."""
+def soak_command(
+    minutes: float,
+    store: SoakStoreKind,
+    seed: int,
+    min_batches: int,
+    batches_per_minute: float | None,
+    output: Path,
+) -> None:
+    """Batches under random faults, then every batch checked exactly (JSON + PNG); exit 1 if not."""
     from . import soak
 
-    if not soak.run(
-        minutes=minutes, store=store, seed=seed, output=output, console=console, min_batches=min_batches
-    ).ok:
+    report = soak.run(
+        minutes=minutes,
+        store=store,
+        seed=seed,
+        output=output,
+        console=console,
+        min_batches=min_batches,
+        batches_per_minute=batches_per_minute,
+    )
+    if not report.ok:
         sys.exit(1)
 
 

@@ -146,6 +146,7 @@ class SoakReport:
     problems: list[str]
     minutes: float
     min_batches: int
+    batches_per_minute: float | None  # None: back to back
     store: str
     seed: int
     started_at: str
@@ -167,9 +168,18 @@ class SoakReport:
 class Soak:
     """One soak: :meth:`run` does it all and returns the report."""
 
-    def __init__(self, *, minutes: float, store: StoreKind, seed: int, console: Console, min_batches: int = 0) -> None:
+    def __init__(
+        self,
+        *,
+        minutes: float,
+        store: StoreKind,
+        seed: int,
+        console: Console,
+        min_batches: int = 0,
+        batches_per_minute: float | None = None,
+    ) -> None:
         self.minutes, self.store_kind, self.seed, self.console = minutes, store, seed, console
-        self.min_batches = min_batches
+        self.min_batches, self.batches_per_minute = min_batches, batches_per_minute
         self.rng = random.Random(seed)  # the faults (what happens when depends on timing)
         self.plan = random.Random(f"batches-{seed}")  # the batches: the same sequence for the same seed
         self.batches: list[SoakBatch] = []
@@ -242,12 +252,15 @@ class Soak:
     # -- load ------------------------------------------------------------------------------------------------
 
     def _submit_loop(self) -> None:
-        """Keep two to three batches in flight while the faults go on."""
-        target = self.plan.choice(IN_FLIGHT)
+        """Keep two to three batches in flight while the faults go on, a new one no sooner than
+        :attr:`batches_per_minute` allows."""
+        target, due = self.plan.choice(IN_FLIGHT), 0.0
         try:
             while self.submitting.is_set():
-                if self._in_flight() < target:
-                    self._submit_one()
+                if self._in_flight() < target and self.now() >= due:
+                    batch = self._submit_one()
+                    if self.batches_per_minute:
+                        due = batch.submitted_seconds + 60 / self.batches_per_minute
                     target = self.plan.choice(IN_FLIGHT)
                 else:
                     time.sleep(0.5)
@@ -268,7 +281,7 @@ class Soak:
             self._submit_one(again=batch)
         return sum(b.finished_seconds is None for b in self.batches)
 
-    def _submit_one(self, again: SoakBatch | None = None) -> None:
+    def _submit_one(self, again: SoakBatch | None = None) -> SoakBatch:
         """Write and submit the next batch, or submit ``again``'s file once more under a new id."""
         if again is None:
             number = len(self.batches) + 1
@@ -314,6 +327,7 @@ class Soak:
         if batch.error:
             batch.finished_seconds = round(self.now(), 2)  # nothing to wait for
         self.files[batch.batch_id] = path
+        return batch
 
     def _statuses(self, batch_ids: list[str]) -> list[BatchStatus | None]:
         """The batches' stored status (None where unknown, or while the store cannot be read)."""
@@ -612,6 +626,7 @@ class Soak:
             problems=self.problems,
             minutes=self.minutes,
             min_batches=self.min_batches,
+            batches_per_minute=self.batches_per_minute,
             store=self.store_kind,
             seed=self.seed,
             started_at=started_at.isoformat(),
@@ -703,6 +718,8 @@ def _print(report: SoakReport, console: Console) -> None:
     summary = Table(title=f"Soak: {report.minutes:g} min on {report.store}, seed {report.seed}", show_header=False)
     summary.add_row("verdict", "[green]exact, nothing lost[/green]" if report.ok else "[red]PROBLEMS[/red]")
     summary.add_row("batches exact / submitted", f"{len(done)} / {len(report.batches)}")
+    pace = report.batches_per_minute
+    summary.add_row("new batches", f"at most {pace:g} a minute" if pace else "back to back")
     if again := [b for b in report.batches if b.submitted_again_as]:
         summary.add_row(f"refused ({SUBMIT_AGAIN}), submitted again", ", ".join(b.batch_id for b in again))
     summary.add_row("transactions accepted", f"{report.transactions:,}")
@@ -739,11 +756,26 @@ def _interrupt(signum: int, frame: object) -> None:
 
 
 def run(
-    *, minutes: float, store: StoreKind, seed: int, output: Path, console: Console, min_batches: int = 0
+    *,
+    minutes: float,
+    store: StoreKind,
+    seed: int,
+    output: Path,
+    console: Console,
+    min_batches: int = 0,
+    batches_per_minute: float | None = None,
 ) -> SoakReport:
     """The soak; prints the summary, writes ``output`` (JSON) and ``<output>.png``. Exit status is the caller's."""
     signal.signal(signal.SIGTERM, _interrupt)  # stop as on Ctrl-C: roles stopped, storage thawed and stopped
-    report = Soak(minutes=minutes, store=store, seed=seed, console=console, min_batches=min_batches).run()
+    soak = Soak(
+        minutes=minutes,
+        store=store,
+        seed=seed,
+        console=console,
+        min_batches=min_batches,
+        batches_per_minute=batches_per_minute,
+    )
+    report = soak.run()
     _print(report, console)
     output.write_text(json.dumps(asdict(report), indent=2))
     chart = output.with_suffix(".png")
