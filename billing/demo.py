@@ -8,10 +8,10 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, TypeVar, overload
 
 import pandas as pd
 from rich.console import Console
@@ -26,6 +26,17 @@ from store import Store
 from . import client, progress, reports
 
 
+class RoleProcess(Protocol):
+    """What :func:`role_processes` needs of a started role (:class:`subprocess.Popen` has it)."""
+
+    def send_signal(self, signum: int, /) -> None: ...
+    def wait(self, timeout: float | None = None) -> int: ...
+    def kill(self) -> None: ...
+
+
+P = TypeVar("P", bound=RoleProcess)
+
+
 def start_role(role: str, env: Mapping[str, str], log: Path, *, cgroup: Path | None = None) -> subprocess.Popen[bytes]:
     """Start ``python -m <role>`` with ``env``, its output appended to ``log``. With ``cgroup`` (a
     cgroup's directory) the process joins that group before Python starts, so the role reads the
@@ -37,24 +48,43 @@ def start_role(role: str, env: Mapping[str, str], log: Path, *, cgroup: Path | N
         return subprocess.Popen(command, env=env, stdout=out, stderr=out)
 
 
-@contextmanager
+@overload
 def role_processes(
     settings: Settings, log_dir: Path, *, processors: int = 1, processor_cgroups: Sequence[Path] = ()
-) -> Iterator[list[subprocess.Popen[bytes]]]:
+) -> AbstractContextManager[list[subprocess.Popen[bytes]]]: ...
+@overload
+def role_processes(
+    settings: Settings,
+    log_dir: Path,
+    *,
+    processors: int = 1,
+    processor_cgroups: Sequence[Path] = (),
+    start: Callable[..., P],
+) -> AbstractContextManager[list[P]]: ...
+@contextmanager
+def role_processes(
+    settings: Settings,
+    log_dir: Path,
+    *,
+    processors: int = 1,
+    processor_cgroups: Sequence[Path] = (),
+    start: Callable[..., RoleProcess] = start_role,
+) -> Iterator[list[Any]]:  # typed by the overloads
     """Start initiator, ``processors`` processors and controller as separate processes with
-    ``settings``, each logging to ``log_dir/<role>-<number>.log``; stop them gracefully (those in
-    the yielded list when the block ends: a caller may replace one it restarted). Given
-    ``processor_cgroups`` (one per processor), each processor runs in its own (:func:`start_role`)."""
+    ``settings``, each logging to ``log_dir/<role>-<number>.log`` (started by ``start``, a function
+    like :func:`start_role`); stop them gracefully (those in the yielded list when the block ends: a
+    caller may replace one it restarted). Given ``processor_cgroups`` (one per processor), each
+    processor runs in its own (:func:`start_role`)."""
     if processor_cgroups and len(processor_cgroups) != processors:
         raise ValueError(f"{len(processor_cgroups)} cgroups for {processors} processors")
     env = {**os.environ, **settings.as_env()}
     log_dir.mkdir(parents=True, exist_ok=True)
     groups = iter(processor_cgroups)
-    processes = []
+    processes: list[Any] = []
     try:
         for number, role in enumerate(["initiator", *["processor"] * processors, "controller"]):
             cgroup = next(groups, None) if role == "processor" else None
-            processes.append(start_role(role, env, log_dir / f"{role}-{number}.log", cgroup=cgroup))
+            processes.append(start(role, env, log_dir / f"{role}-{number}.log", cgroup=cgroup))
         yield processes
     finally:
         for process in processes:

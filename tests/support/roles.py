@@ -1,11 +1,12 @@
 """Real role processes for a test, started the product's way.
 
 :meth:`Roles.running` is :func:`billing.demo.role_processes` (the demo's and the benchmarks' own
-start-up: initiator, N processors, controller, each ``python -m <role>`` logging to
-``<log_dir>/<role>-<number>.log``), plus what tests do to the processes meanwhile: signal them,
-SIGKILL and restart one (:func:`billing.demo.start_role`, its log appended to), wait for them,
-read their logs. :meth:`Roles.burst` runs one role in the foreground until it has drained its
-queues. The ``roles`` fixture in ``conftest.py`` hands one to a test."""
+start-up: initiator, N processors, controller, each logging to ``<log_dir>/<role>-<number>.log``),
+each role forked from a server that imported the roles once (:mod:`support.forked`) instead of a
+new ``python -m <role>``, plus what tests do to the processes meanwhile: signal them, SIGKILL and
+restart one (its log appended to), wait for them, read their logs. :meth:`Roles.burst` runs one
+role in the foreground until it has drained its queues. The ``roles`` fixture in ``conftest.py``
+hands one to a test."""
 
 from __future__ import annotations
 
@@ -14,17 +15,18 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from billing.demo import role_processes, start_role
+from billing.demo import role_processes
 from shared.settings import Settings
+from support import forked
 from support.waiting import wait_until
 
+Started = subprocess.Popen[bytes] | forked.ForkedRole
 STARTUP_TIMEOUT = 60.0  # seconds for a role to reach storage and write its state file
 
 
@@ -34,22 +36,23 @@ class Roles:
 
     def __init__(self, log_dir: Path) -> None:
         self.log_dir = log_dir
-        self.processes: list[subprocess.Popen[bytes]] = []
+        self.start: Callable[..., Started] = forked.start_role
+        """How each role starts: forked (default), or :func:`billing.demo.start_role` for a test that
+        needs a new interpreter (one that reads a role's own environment or network namespace)."""
+        self.processes: list[Started] = []
         self.killed: list[str] = []  # roles SIGKILLed, in order
         self._env: dict[str, str] = {}
         self._home = Path()
 
     @contextmanager
-    def running(
-        self, settings: Settings | None = None, *, processors: int = 1
-    ) -> Iterator[list[subprocess.Popen[bytes]]]:
+    def running(self, settings: Settings | None = None, *, processors: int = 1) -> Iterator[list[Started]]:
         """The roles run with ``settings`` (default: from the environment) for the block. At its end
         each one still running is given time to come up (a role still starting would die by
         SIGTERM's default action), then SIGTERMed and waited for; :attr:`returncodes` says how each
         ended. Running again (after the block) starts fresh processes appending to the same logs."""
         settings = settings or Settings()
         self._env, self._home = {**os.environ, **settings.as_env()}, settings.home
-        with role_processes(settings, self.log_dir, processors=processors) as processes:
+        with role_processes(settings, self.log_dir, processors=processors, start=self.start) as processes:
             self.processes = processes  # the list role_processes stops: restarts replace entries in it
             try:
                 yield processes
@@ -119,7 +122,7 @@ class Roles:
         """Start one role again in its place, with the same environment and log."""
         index = self._index(which)
         role = self.names[index]
-        self.processes[index] = start_role(role, self._env, self.log_dir / f"{role}-{index}.log")
+        self.processes[index] = self.start(role, self._env, self.log_dir / f"{role}-{index}.log")
 
     def kill_and_restart(self, which: int | str) -> None:
         self.kill(which)
@@ -129,9 +132,8 @@ class Roles:
         """Run one role in the foreground until what is queued for it is drained (``--burst``), with
         ``settings`` (default: from the environment); fail with its stderr unless it exits 0."""
         env = {**os.environ, **(settings or Settings()).as_env()}
-        command = [sys.executable, "-m", role, "--burst"]
-        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout)
-        assert done.returncode == 0, done.stderr
+        code, output = forked.burst(role, env, timeout=timeout)
+        assert code == 0, output
 
     def logs(self) -> dict[str, str]:
         """Every role log by file name (``<role>-<number>.log``)."""

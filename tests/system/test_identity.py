@@ -40,6 +40,7 @@ from typing import Any
 
 import pytest
 
+from billing.demo import start_role
 from billing.sample import generate
 from shared.localstack import AzuriteStack
 from shared.settings import Settings
@@ -120,6 +121,14 @@ def keyless(
         }.items():
             monkeypatch.setenv(name, value)
         yield Keyless(azurite, platform, proxy, namespace, debug_log)
+
+
+@pytest.fixture
+def roles(roles: Roles) -> Roles:
+    """Roles as new interpreters, not forks: each must start inside the test's network namespace
+    with the environment the platform sets, which is what these tests read from ``/proc``."""
+    roles.start = start_role
+    return roles
 
 
 def assert_isolated(setup: Keyless, pids: list[int]) -> None:
