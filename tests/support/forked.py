@@ -9,6 +9,7 @@ has the parts of :class:`subprocess.Popen` the tests use."""
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 import signal
@@ -63,8 +64,10 @@ class ForkedRole:
         return self._process.exitcode
 
     def send_signal(self, signum: int) -> None:
+        """As :meth:`subprocess.Popen.send_signal`: nothing once the role has exited, or is exiting."""
         if self._process.exitcode is None:
-            os.kill(self.pid, signum)
+            with contextlib.suppress(ProcessLookupError):  # reaped by the server, its status not yet read
+                os.kill(self.pid, signum)
 
     def kill(self) -> None:
         self.send_signal(signal.SIGKILL)
