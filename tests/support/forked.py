@@ -1,7 +1,7 @@
 """Role processes forked from a server that imported the roles once, instead of ``python -m <role>``.
 
-A role that starts as a new interpreter spends about a CPU second importing the Azure SDK, pandas,
-pyarrow and SQLAlchemy before it serves; the system tests start hundreds. Here a fork server
+A role that starts as a new interpreter imports the Azure SDK, pandas, pyarrow and SQLAlchemy before it
+serves, and the system tests start many roles. Here a fork server
 (:mod:`multiprocessing`'s, one per test process) imports them once and each role is a fork of it
 that runs :func:`shared.roles.main` with the test's environment, working directory and log: the same
 process for the role (its own pid, signals, exit status), without the imports. :class:`ForkedRole`
