@@ -130,7 +130,7 @@ class Roles:
 
     def burst(self, role: str, settings: Settings | None = None, *, timeout: float = 300) -> None:
         """Run one role in the foreground until what is queued for it is drained (``--burst``), with
-        ``settings`` (default: from the environment); fail with its stderr unless it exits 0."""
+        ``settings`` (default: from the environment); fail with its output unless it exits 0."""
         env = {**os.environ, **(settings or Settings()).as_env()}
         code, output = forked.burst(role, env, timeout=timeout)
         assert code == 0, output
