@@ -25,7 +25,7 @@ from .fold import SUMMED, checked, daily, regional, sql_values
 from .schema import aggregates, partials, period_aggregates
 
 #: Partial aggregates summed at a time while a batch settles (a batch's keys, not its rows, bound the sums).
-_FOLD_ROWS = 500_000
+_FOLD_ROWS = 1_000_000
 #: The tables a batch's aggregates are written to.
 _WRITTEN = (aggregates, period_aggregates)
 _PG_TYPES = {"billing_day": "date", "transactions": "bigint", **dict.fromkeys(SUMMED[1:], "numeric")}
@@ -72,12 +72,15 @@ def _tables(conn: sa.Connection, batch_id: str, kept: pa.Table | None) -> Iterat
 
 def _fold(tables: Iterable[pa.Table]) -> tuple[pa.Table, pa.Table]:
     """A batch's partial aggregates summed per day and per period (:func:`~store.fold.daily`,
-    :func:`~store.fold.regional`), :data:`_FOLD_ROWS` or so at a time."""
-    sums = daily(PARTIAL_SCHEMA.empty_table()), regional(PARTIAL_SCHEMA.empty_table())
+    :func:`~store.fold.regional`), :data:`_FOLD_ROWS` or so at a time: each part's sums added to those before."""
+    sums: tuple[pa.Table, pa.Table] | None = None
     for group in _groups(tables, _FOLD_ROWS):
         part = pa.concat_tables(group)  # checked as they were recorded (:func:`_encode`)
-        sums = daily(pa.concat_tables([sums[0], daily(part)])), regional(pa.concat_tables([sums[1], regional(part)]))
-    return sums
+        folded = daily(part), regional(part)
+        if sums is not None:
+            folded = daily(pa.concat_tables([sums[0], folded[0]])), regional(pa.concat_tables([sums[1], folded[1]]))
+        sums = folded
+    return sums or (daily(PARTIAL_SCHEMA.empty_table()), regional(PARTIAL_SCHEMA.empty_table()))
 
 
 def _groups(tables: Iterable[pa.Table], rows: int) -> Iterator[list[pa.Table]]:

@@ -21,6 +21,7 @@ from billing import reports
 from billing.sample import generate
 from shared.messages import PoisonNotice, WorkItemResult
 from store import MIGRATIONS, Store
+from store import partials as store_partials
 from store.schema import aggregates, batches, held, partials, work_items
 from support import records
 from support.benchmarks import run_benchmark
@@ -135,8 +136,12 @@ def test_applies_adding_to_few_keys_again_and_again_stay_exact(store: Store, per
     )
 
 
-@pytest.mark.parametrize("seed", [1, 2])
-def test_fold_matches_the_exact_reference(store: Store, seed: int) -> None:
+@pytest.mark.parametrize(("seed", "fold_rows"), [(1, None), (2, None), (3, 40)])
+def test_fold_matches_the_exact_reference(
+    store: Store, seed: int, fold_rows: int | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if fold_rows is not None:  # a batch's partials summed in many parts, each added to the sums before
+        monkeypatch.setattr(store_partials, "_FOLD_ROWS", fold_rows)
     rng = random.Random(seed)
     items = [random_result(rng, f"{batch}-w{i}", batch) for batch in ("b1", "b2") for i in range(60)]
     poisoned = [items[3], items[70]]
