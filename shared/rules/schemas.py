@@ -24,8 +24,6 @@ PARTIAL_SCHEMA = pa.schema(
     ]
 )
 
-PARTIAL_KEY = ("account_id", "product", "billing_day", "region", "pricebook")
-
 #: Rejected rows: 1-based data row number, stable reason code, the raw row as JSON text.
 REJECT_SCHEMA = pa.schema([("row", pa.int64()), ("reason", pa.string()), ("raw", pa.string())])
 
