@@ -120,10 +120,9 @@ def run(*, rows: int, seed: int, console: Console) -> None:
             (status,) = progress.wait_with_progress(store, [submission.batch_id], console=console)
             invoices = reports.invoices(store, submission.batch_id)
             aggregates = reports.aggregates(store, submission.batch_id)
-            rejects = reports.rejects(store, submission.batch_id)
+            repeated = store.rejects_by_reason(submission.batch_id).get("duplicate_transaction_id", 0)
         elapsed = time.monotonic() - started
     _print_results(console, status.to_json_dict(), invoices, aggregates, elapsed)
-    repeated = int((rejects["reason"] == "duplicate_transaction_id").sum())
     if repeated * 2 > status.rows:  # the sample of an earlier run again: its ids are billed already
         console.print(
             f"{repeated:,} of the {status.rows:,} rows repeat transaction ids already billed"
