@@ -26,6 +26,7 @@ if TYPE_CHECKING:  # in annotations only: the store runs without the Azure SDK, 
 
     from .ledger.documents import Difference, Document, Period
     from .ledger.parties import Customer, Imported, Seller
+    from .partials import Folds
     from .pricebooks import PriceRow
     from .queries import Dimension, Filters, Result
 
@@ -53,6 +54,7 @@ class Store:
         self.url, self._engine = open_engine(url, credential, patience)
         self._patience = patience
         self._stalled_after = stalled_after
+        self._folds: Folds | None = None  # the sums of the partials it records (store.partials), once it records
         if migrate:
             self.migrate()
 
@@ -109,9 +111,12 @@ class Store:
     ) -> ApplyOutcome:
         """Record manifests, work item results, poison notices and ids parts in ONE transaction, idempotently
         (:func:`store.recording.apply`)."""
+        from .partials import Folds
         from .recording import apply  # the write path loads Arrow; a store that only reads never does
 
-        return apply(self._engine, manifests, results, poisoned, ids=ids, requests=requests)
+        if self._folds is None:
+            self._folds = Folds()
+        return apply(self._engine, manifests, results, poisoned, ids=ids, requests=requests, folds=self._folds)
 
     def record_price_books(self, rows: Iterable[PriceRow]) -> None:
         """Record the rows of price books batches are rated with (:func:`store.price_rows_of`), once a price

@@ -58,9 +58,12 @@ def apply(
     *,
     ids: Sequence[IdsPart] = (),
     requests: Mapping[str, int] | None = None,
+    folds: partials.Folds | None = None,
 ) -> ApplyOutcome:
     """Record manifests, work item results, poison notices and ids parts in ONE transaction on ``engine``,
-    idempotently, and add ``requests`` (batch id → requests made for it) to the batches' counts.
+    idempotently, and add ``requests`` (batch id → requests made for it) to the batches' counts. With ``folds``, the
+    partials recorded are summed as they come, and batches settle from those sums where they hold all their partials
+    (:mod:`store.partials`).
 
     A work item already recorded is skipped entirely; a manifest already recorded changes nothing.
     Results may precede their manifest: the batch then waits in ``processing`` with unknown size.
@@ -88,14 +91,17 @@ def apply(
         record_parts(conn, rows, incoming.ids)
         _write_numbered(conn, rows, before, now)
         recorded = _record_work_items(conn, rows, incoming, now)
-        _count_results(conn, rows, recorded)
+        counted = _count_results(conn, rows, recorded)
+        sums = {} if folds is None else _summing(folds, before, counted)
         for batch_id, made in (requests or {}).items():
             rows[batch_id]["requests"] += made
         settling = {batch_id: state for batch_id, row in rows.items() if (state := next_state(row))}
         kept = _complete(conn, rows, settling)
-        _write_aggregates(conn, rows, settling, kept)
+        _write_aggregates(conn, rows, settling, kept, sums)
         record_late(conn, [b for b, state in settling.items() if state == BatchState.complete])
         completed, failed = _write_batches(conn, rows, before, settling, now)
+    if folds is not None:
+        _keep_sums(folds, rows, sums)
     new_items = len(recorded.new) + len(recorded.recovered)
     return ApplyOutcome(
         new_items=new_items,
@@ -222,6 +228,7 @@ def _write_aggregates(
     rows: Mapping[str, BatchRow],
     settling: dict[str, BatchState],
     kept: Mapping[str, pa.Table],
+    sums: Mapping[str, partials.Sums],
 ) -> None:
     """Write the aggregates of the batches settling ``complete`` or ``failed`` (:mod:`store.partials`); one whose sums
     do not fit the store's columns settles ``refused`` instead and counts nothing."""
@@ -229,7 +236,8 @@ def _write_aggregates(
         if state == BatchState.refused:
             continue
         try:
-            partials.settle(conn, batch_id, kept.get(batch_id), complete=state == BatchState.complete)
+            complete = state == BatchState.complete
+            partials.settle(conn, batch_id, kept.get(batch_id), complete=complete, sums=sums.get(batch_id))
         except partials.Overflow as exc:
             row = rows[batch_id]
             row["refused_reason"] = str(exc)
@@ -277,9 +285,9 @@ def _record_work_items(
     return found
 
 
-def _count_results(conn: sa.Connection, rows: Mapping[str, BatchRow], recorded: _Recorded) -> None:
+def _count_results(conn: sa.Connection, rows: Mapping[str, BatchRow], recorded: _Recorded) -> list[WorkItemResult]:
     """Count the recorded results on their batches' rows, and keep their rejects, held rows and partial aggregates,
-    except those of refused batches (recorded, never counted)."""
+    except those of refused batches (recorded, never counted); the results counted are returned."""
     results = recorded.new + recorded.recovered
     counted = [r for r in results if rows[r.batch_id]["refused_reason"] is None]
     for result in results:
@@ -289,6 +297,37 @@ def _count_results(conn: sa.Connection, rows: Mapping[str, BatchRow], recorded: 
     insert_rejects(conn, [(r.batch_id, r.rejects) for r in counted])
     insert_held(conn, [(r.batch_id, r.held) for r in counted])
     partials.record(conn, [(r.work_item_id, r.batch_id, r.partials) for r in counted])
+    return counted
+
+
+def _summing(
+    folds: partials.Folds, before: Mapping[str, BatchRow], counted: Iterable[WorkItemResult]
+) -> dict[str, partials.Sums]:
+    """Each batch's sums of partials as this apply leaves them, where the store holds them: those kept (none yet for a
+    batch that recorded no work item before), with the partials ``counted`` now added."""
+    added: dict[str, dict[str, pa.Table]] = {}
+    for result in counted:
+        added.setdefault(result.batch_id, {})[result.work_item_id] = result.partials
+    sums = {}
+    for batch_id, row in before.items():
+        kept = folds.get(batch_id)
+        if kept is None and row["completed_items"] == 0 and batch_id in added:
+            kept = partials.Sums()
+        if kept is not None and batch_id in added:
+            try:
+                kept = kept.add(added[batch_id])
+            except pa.ArrowInvalid:  # a sum past its column: the batch settles from its partials, refused
+                kept = None
+        if kept is not None:
+            sums[batch_id] = kept
+    return sums
+
+
+def _keep_sums(folds: partials.Folds, rows: Mapping[str, BatchRow], sums: Mapping[str, partials.Sums]) -> None:
+    """Keep, once committed, the sums of partials of batches that still keep their partials (running or failed)."""
+    for batch_id, row in rows.items():
+        running = row["state"] not in (BatchState.complete, BatchState.refused) and row["refused_reason"] is None
+        folds.keep(batch_id, sums.get(batch_id) if running else None)
 
 
 def _write_numbered(

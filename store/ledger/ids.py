@@ -20,7 +20,6 @@ across batches").
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -124,30 +123,30 @@ def insert_ids(
     texts = (ids if isinstance(ids, np.ndarray) else ids.to_numpy(zero_copy_only=False))[order]
     for start in range(0, len(order), _INSERT_ROWS):
         at = order[start : start + _INSERT_ROWS]
-        of_ids = hashes[at].tolist(), rows[at].tolist(), texts[start : start + _INSERT_ROWS].tolist()
+        of_ids = hashes[at], rows[at], texts[start : start + _INSERT_ROWS]
         if conn.dialect.name == "postgresql":
-            arrays = dict(zip(_COLUMNS_OF_ID, of_ids, strict=True))
+            arrays = {name: values.tolist() for name, values in zip(_COLUMNS_OF_ID, of_ids, strict=True)}
             conn.execute(_PG_INSERT, {"segment": segment, "batch_key": key, **arrays})
         else:
             _sqlite_insert(conn, segment, key, *of_ids)
 
 
 def _sqlite_insert(
-    conn: sa.Connection, segment: int, key: int, hashes: list[int], rows: list[int], ids: list[str]
+    conn: sa.Connection, segment: int, key: int, hashes: np.ndarray, rows: np.ndarray, ids: np.ndarray
 ) -> None:
     """Insert ids into ``segment`` under ``key``, each given as its hash, row and text: many ids per statement, as
     most of what SQLite spends on a statement per id goes to the statement. The segment and the key are the
     statement's own numbers, each id's values plain ``?`` (a numbered placeholder costs a look-up per value, and on
-    some Python versions a warning)."""
-    values = list(itertools.chain.from_iterable(zip(hashes, rows, ids, strict=True)))
-    width = _SQLITE_STATEMENT_IDS * len(_COLUMNS_OF_ID)
-    cut = len(values) - len(values) % width
+    some Python versions a warning); a statement's values are a row of an array of Python objects, the ids' side by
+    side."""
+    values = np.empty((len(hashes), len(_COLUMNS_OF_ID)), dtype=object)
+    values[:, 0], values[:, 1], values[:, 2] = hashes, rows, ids  # Python ints and strings
+    cut = len(values) - len(values) % _SQLITE_STATEMENT_IDS
     if cut:
-        statements = [tuple(values[at : at + width]) for at in range(0, cut, width)]
+        statements = list(map(tuple, values[:cut].reshape(-1, _SQLITE_STATEMENT_IDS * len(_COLUMNS_OF_ID)).tolist()))
         conn.exec_driver_sql(_sqlite_insert_sql(segment, key, _SQLITE_STATEMENT_IDS), statements)
     if cut < len(values):
-        last = (len(values) - cut) // len(_COLUMNS_OF_ID)
-        conn.exec_driver_sql(_sqlite_insert_sql(segment, key, last), tuple(values[cut:]))
+        conn.exec_driver_sql(_sqlite_insert_sql(segment, key, len(values) - cut), tuple(values[cut:].ravel().tolist()))
 
 
 def _sqlite_insert_sql(segment: int, key: int, ids: int) -> str:

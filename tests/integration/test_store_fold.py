@@ -20,7 +20,7 @@ from alembic.config import Config
 from billing import reports
 from billing.sample import generate
 from shared.messages import PoisonNotice, WorkItemResult
-from store import MIGRATIONS, Store
+from store import MIGRATIONS, ApplyOutcome, Store
 from store import partials as store_partials
 from store.schema import aggregates, batches, held, partials, work_items
 from support import records
@@ -136,12 +136,28 @@ def test_applies_adding_to_few_keys_again_and_again_stay_exact(store: Store, per
     )
 
 
-@pytest.mark.parametrize(("seed", "fold_rows"), [(1, None), (2, None), (3, 40)])
+@pytest.mark.parametrize(
+    ("seed", "rows", "restarts"),
+    [(1, None, False), (4, 40, False), (2, None, True), (3, 40, True)],
+    ids=["summed", "summed-in-parts", "read", "read-in-parts"],
+)
 def test_fold_matches_the_exact_reference(
-    store: Store, seed: int, fold_rows: int | None, monkeypatch: pytest.MonkeyPatch
+    store: Store, migrated_url: str, seed: int, rows: int | None, restarts: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    if fold_rows is not None:  # a batch's partials summed in many parts, each added to the sums before
-        monkeypatch.setattr(store_partials, "_FOLD_ROWS", fold_rows)
+    """Every batch settles from the sums its store kept as it recorded the partials, or, with a store opened anew
+    for each apply (a controller restarted), from its partials read back; with ``rows``, partials are summed that
+    many or so at a time, each part added to the sums before."""
+    if rows is not None:
+        monkeypatch.setattr(store_partials, "_FOLD_ROWS", rows)
+        monkeypatch.setattr(store_partials, "_PENDING_ROWS", rows)
+    read_back = _counting_reads(monkeypatch)
+    if restarts:
+
+        def apply_anew(*args: Any) -> ApplyOutcome:
+            with Store(migrated_url, migrate=False) as anew:
+                return anew.apply(*args)
+
+        monkeypatch.setattr(store, "apply", apply_anew)
     rng = random.Random(seed)
     items = [random_result(rng, f"{batch}-w{i}", batch) for batch in ("b1", "b2") for i in range(60)]
     poisoned = [items[3], items[70]]
@@ -165,6 +181,7 @@ def test_fold_matches_the_exact_reference(
     want = reference(items)
     assert max(values[3] for values in want.values()) > 2**63
     assert stored_text(store) == canonical(want)
+    assert (read_back.count > 0) == restarts
     for batch in ("b1", "b2"):
         status = store.batch(batch)
         assert status is not None
@@ -173,6 +190,35 @@ def test_fold_matches_the_exact_reference(
         frame = reports.aggregates(store, batch)
         assert sum(frame["total"]) == sum(v[5] for k, v in want.items() if k[0] == batch)
         assert all(type(v) is int for v in frame["net"])
+
+
+class _counting_reads:
+    """Counts the settles that read a batch's partials back."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.count = 0
+        tables = store_partials._tables
+
+        def counted(*args: Any) -> Any:
+            self.count += 1
+            return tables(*args)
+
+        monkeypatch.setattr(store_partials, "_tables", counted)
+
+
+def test_a_store_keeps_the_sums_of_its_latest_batches_only(store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Sums are kept for the few batches recorded last (memory): an older batch settles from its partials read
+    back, as exactly."""
+    read_back = _counting_reads(monkeypatch)
+    batches = [f"b{i}" for i in range(store_partials._FOLDED_BATCHES + 1)]
+    for batch in batches:
+        store.apply(
+            [manifest(batch, work_items=2, rows=2)], [result(f"{batch}-w1", partial(net=10**20), batch_id=batch)]
+        )
+    for batch in (batches[-1], batches[0]):
+        store.apply([], [result(f"{batch}-w2", partial(net=7), batch_id=batch)])
+        assert list(reports.aggregates(store, batch)["net"]) == [10**20 + 7]
+        assert read_back.count == (batch == batches[0])
 
 
 def test_sums_an_arrow_decimal_would_overflow_stay_exact(store: Store) -> None:
