@@ -72,7 +72,7 @@ class Sums:
 
     def total(self, kept: pa.Table | None) -> Summed:
         """These sums and ``kept`` (partials), summed."""
-        return self._with(self.pending if kept is None else (*self.pending, kept))
+        return self._with(self.pending if kept is None or not kept.num_rows else (*self.pending, kept))
 
     def _with(self, partials: tuple[pa.Table, ...]) -> Summed:
         """The sums so far and ``partials``, summed."""
