@@ -50,13 +50,14 @@ class Store:
         ``credential`` when one is given, or from ``DefaultAzureCredential`` when the URL names an
         Azure Database for PostgreSQL server and no password (the keyless way on Azure). With ``stalled_after``,
         a batch's status says why it stalled when it has been ``processing`` that long without a change; with
-        ``patience``, a store that cannot be reached is waited for within its bound (a command's)."""
+        ``patience``, a store that cannot be reached is waited for within its bound (a command's), its schema's
+        check on opening too."""
         self.url, self._engine = open_engine(url, credential, patience)
         self._patience = patience
         self._stalled_after = stalled_after
         self._folds: Folds | None = None  # the sums of the partials it records (store.partials), once it records
         if migrate:
-            self.migrate()
+            self.patiently(self.migrate)
 
     @property
     def engine(self) -> sa.Engine:

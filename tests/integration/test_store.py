@@ -20,8 +20,9 @@ import sqlalchemy as sa
 from alembic.script import ScriptDirectory
 
 from billing import reports
+from shared.errors import InfrastructureError
 from shared.messages import PoisonNotice
-from store import MIGRATIONS, SCHEMA_REVISION, Store
+from store import MIGRATIONS, SCHEMA_REVISION, Patience, Store
 from store.engine import create_engine
 from store.schema import held
 from support.records import held_row, manifest, partial, result
@@ -393,3 +394,27 @@ def test_a_store_at_the_newest_revision_opens_without_alembic(sql_url: str) -> N
     opened += "; print('alembic' in sys.modules)"
     result = subprocess.run([sys.executable, "-c", opened, sql_url], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "False"
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("migrated_url", ["postgresql"], indirect=True)
+def test_a_patient_store_rides_out_a_connection_cut_as_it_checks_its_schema(migrated_url: str) -> None:
+    """The server cuts the connection in the middle of the schema's check (as when it stops just then: here the
+    first read of ``alembic_version`` terminates its own backend): a store opened with patience says it waits and
+    opens; one without it fails at once."""
+    with Store(migrated_url, migrate=False) as store, store.engine.begin() as conn:
+        conn.exec_driver_sql("CREATE SEQUENCE reads")
+        conn.exec_driver_sql(
+            "CREATE FUNCTION cut_first() RETURNS boolean LANGUAGE plpgsql AS $$ BEGIN "
+            "IF nextval('reads') = 1 THEN PERFORM pg_terminate_backend(pg_backend_pid()); END IF; RETURN true; END $$"
+        )
+        conn.exec_driver_sql("ALTER TABLE alembic_version RENAME TO alembic_version_kept")
+        conn.exec_driver_sql("CREATE VIEW alembic_version AS SELECT * FROM alembic_version_kept WHERE cut_first()")
+    said: list[str] = []
+    with Store(migrated_url, patience=Patience(30, said.append)) as store:
+        assert store.revision() == SCHEMA_REVISION
+    assert len(said) == 1 and "the SQL store does not answer" in said[0]
+    with Store(migrated_url, migrate=False) as store, store.engine.begin() as conn:
+        conn.exec_driver_sql("SELECT setval('reads', 1, false)")  # the next read is cut again
+    with pytest.raises(InfrastructureError, match="SQL store unavailable"):
+        Store(migrated_url)
