@@ -48,7 +48,8 @@ from shared.rules.bloom import IdFilter
 from shared.rules.duplicates import id_hashes
 from shared.rules.reference import load_price_book, load_tax_table
 from shared.settings import Settings
-from shared.wire import decode_table, parse_results
+from shared.tables import decode_table
+from shared.wire import parse_results
 from store import BatchState, Store
 from store.engine import writing
 from store.ledger.ids import ID_KEYS, IDS, SEGMENT_ROWS, insert_ids

@@ -38,7 +38,7 @@ from shared.rules.batchfile import UNCLOSED_QUOTE, line_count, read_chunks
 from shared.rules.bloom import IdFilter
 from shared.rules.duplicates import FirstOccurrences
 from shared.rules.schemas import IDS_SCHEMA
-from shared.wire import encode_table
+from shared.tables import encode_table
 
 #: What a CSV reader says of a part that ends inside a record (a quoted line break across frames), or
 #: before the header record ends: with more of the file to come, the part goes on with the next frame.

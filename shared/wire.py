@@ -2,7 +2,8 @@
 
 Each message kind has a pair of functions (``*_envelope`` builds, ``parse_*`` reads) over the
 generic :class:`~shared.messaging.envelope.Envelope` frame; tables travel as Parquet (dictionary
-encoding, zstd: small, fast, exact types). A message of a kind no role knows is poison
+encoding, zstd: small, exact types; a work item's partial aggregates as an Arrow stream, fast:
+:mod:`shared.tables`). A message of a kind no role knows is poison
 (:func:`kind_of`), as is one of a kind the reader does not take.
 """
 
@@ -17,8 +18,6 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from .errors import FileRefused, PoisonMessage
 from .inbox import Part
@@ -27,24 +26,13 @@ from .messaging.envelope import ClaimCheck, Envelope
 from .rules.batchfile import CHUNK_SCHEMA, read_chunks
 from .rules.schemas import HELD_SCHEMA, IDS_SCHEMA, PARTIAL_SCHEMA, REJECTED_SCHEMA
 from .rules.versions import Version
+from .tables import decode_table, encode_stream, encode_table
 
 if TYPE_CHECKING:  # the poison queue in annotations only: the rating workers decode messages without it
     from .messaging.poison import OnPoisoned
 
 T = TypeVar("T")
 _log = logging.getLogger(__name__)
-
-
-def encode_table(table: pa.Table, *, dictionary: Sequence[str] | None = None) -> bytes:
-    """Serialise a table densely: Parquet, zstd at level 1 (as small as the default level here, in two thirds of the
-    time), the text columns worth it dictionary-encoded (denser than Arrow IPC, so more transactions fit a 64 KiB
-    queue message). ``dictionary`` names those columns where the caller knows them (distinct ids need none);
-    otherwise they are counted."""
-    sink = pa.BufferOutputStream()
-    columns = _repetitive(table) if dictionary is None else list(dictionary)
-    pq.write_table(table, sink, compression="zstd", compression_level=1, use_dictionary=columns)
-    encoded: bytes = sink.getvalue().to_pybytes()
-    return encoded
 
 
 def warm_up() -> None:
@@ -54,26 +42,6 @@ def warm_up() -> None:
     import pyarrow.acero  # noqa: F401  (here: a command that only reads messages needs none of it)
 
     pa.array([0])
-
-
-def _repetitive(table: pa.Table) -> list[str]:
-    """The text columns worth a dictionary: at most one distinct value in four rows (accounts,
-    products, regions; not transaction ids, where a dictionary only adds bytes)."""
-    return [
-        field.name
-        for field, column in zip(table.schema, table.columns, strict=True)
-        if pa.types.is_string(field.type) and pc.count_distinct(column).as_py() * 4 <= table.num_rows
-    ]
-
-
-def decode_table(data: bytes | memoryview, *, metadata: bool = False) -> pa.Table:
-    """The table :func:`encode_table` wrote (its schema's metadata too if ``metadata``); raises
-    ``ValueError`` on damaged data."""
-    try:  # the file reader, on this thread: a dataset and a thread pool cost more than such a table
-        table = pq.ParquetFile(pa.BufferReader(data)).read(use_threads=False)
-    except (pa.ArrowException, OSError) as exc:
-        raise ValueError(f"encoded table is damaged: {exc}") from exc
-    return table if metadata else table.replace_schema_metadata(None)
 
 
 def kind_of(envelope: Envelope) -> Kind:
@@ -153,11 +121,12 @@ def decode_work(header: WorkHeader, encoded: bytes, text: bytes = b"") -> pa.Tab
     return table
 
 
-#: The tables of a results message, in the order their rows lie in it, with each item's count of rows.
+#: The tables of a results message, in the order their rows lie in it, with each item's count of rows and how
+#: they are encoded.
 _RESULT_TABLES = (
-    ("partials", "groups", PARTIAL_SCHEMA),
-    ("rejects", "rejects", REJECTED_SCHEMA),
-    ("held", "held", HELD_SCHEMA),
+    ("partials", "groups", PARTIAL_SCHEMA, encode_stream),
+    ("rejects", "rejects", REJECTED_SCHEMA, encode_table),
+    ("held", "held", HELD_SCHEMA, encode_table),
 )
 
 
@@ -169,7 +138,7 @@ def results_envelope(results: list[WorkItemResult]) -> Envelope:
             "work_item_id": r.work_item_id,
             "batch_id": r.batch_id,
             "transactions": r.transactions,
-            **{count: getattr(r, name).num_rows for name, count, _ in _RESULT_TABLES},
+            **{count: getattr(r, name).num_rows for name, count, _, _ in _RESULT_TABLES},
             **({"trace": r.trace} if r.trace else {}),
             **({"marked": r.marked} if r.marked is not None else {}),
         }
@@ -177,10 +146,10 @@ def results_envelope(results: list[WorkItemResult]) -> Envelope:
     ]
     sizes: dict[str, int] = {}
     payload = bytearray()
-    for name, _, schema in _RESULT_TABLES:
+    for name, _, schema, encode in _RESULT_TABLES:
         table = pa.concat_tables([getattr(r, name) for r in results]) if results else schema.empty_table()
         if table.num_rows or name == "partials":
-            encoded = encode_table(table)
+            encoded = encode(table)
             sizes[name] = len(encoded)
             payload += encoded
     return Envelope(Kind.RESULTS, {"items": items, "tables": sizes}, bytes(payload))
@@ -192,7 +161,7 @@ def parse_results(envelope: Envelope) -> list[WorkItemResult]:
     offset = 0
     try:
         sizes = {str(name): int(size) for name, size in h["tables"].items()}
-        for name, _, schema in _RESULT_TABLES:
+        for name, _, schema, _ in _RESULT_TABLES:
             size = sizes.get(name)
             if size is None:
                 tables[name] = schema.empty_table()
@@ -204,7 +173,7 @@ def parse_results(envelope: Envelope) -> list[WorkItemResult]:
         results, taken = [], dict.fromkeys(tables, 0)
         for item in h["items"]:
             parts = {}
-            for name, count, _ in _RESULT_TABLES:
+            for name, count, _, _ in _RESULT_TABLES:
                 rows = int(item.get(count, 0))
                 parts[name] = tables[name].slice(taken[name], rows)
                 taken[name] += rows

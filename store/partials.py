@@ -27,6 +27,7 @@ import pyarrow as pa
 import sqlalchemy as sa
 
 from shared.rules.schemas import PARTIAL_SCHEMA
+from shared.tables import decode_table, encode_stream
 
 from .engine import CHUNK, chunks
 from .fold import SUMMED, checked, daily, regional, sql_values
@@ -41,7 +42,6 @@ _PENDING_ROWS = 500_000
 #: The tables a batch's aggregates are written to.
 _WRITTEN = (aggregates, period_aggregates)
 _PG_TYPES = {"billing_day": "date", "transactions": "bigint", **dict.fromkeys(SUMMED[1:], "numeric")}
-_IPC = pa.ipc.IpcWriteOptions(compression="lz4")
 
 
 class Overflow(ValueError):
@@ -138,7 +138,7 @@ def _tables(conn: sa.Connection, batch_id: str, kept: pa.Table | None) -> Iterat
     """A batch's partial aggregates, table by table: its work items', then ``kept``."""
     query = sa.select(partials.c.aggregates).where(partials.c.batch_id == batch_id).order_by(partials.c.work_item_id)
     for data in conn.scalars(query):
-        yield pa.ipc.open_stream(data).read_all()
+        yield decode_table(data)
     if kept is not None and kept.num_rows:
         yield kept
 
@@ -202,8 +202,4 @@ def _encode(table: pa.Table) -> bytes:
     """A work item's partial aggregates (``PARTIAL_SCHEMA``) as an Arrow stream, compressed; a null sum raises
     ``ValueError``."""
     checked([table])
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, PARTIAL_SCHEMA, options=_IPC) as stream:
-        stream.write_table(table)
-    encoded: bytes = sink.getvalue().to_pybytes()
-    return encoded
+    return encode_stream(table, dense=False)

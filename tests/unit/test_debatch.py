@@ -21,7 +21,8 @@ from shared.errors import FileRefused, PoisonMessage
 from shared.messages import REPEATS_SCHEMA, WorkHeader
 from shared.rules.batchfile import read_chunks
 from shared.rules.duplicates import id_hashes
-from shared.wire import decode_work, encode_table
+from shared.tables import encode_table
+from shared.wire import decode_work
 from support.batchfiles import with_raw
 
 HEADER = "transaction_id,account_id,timestamp,product,quantity,region\n"

@@ -25,7 +25,8 @@ from shared import inbox
 from shared.messages import REPEATS_SCHEMA, IdsPart, WorkHeader
 from shared.roles import BUILDERS, ROLES
 from shared.rules.schemas import IDS_SCHEMA
-from shared.wire import encode_table, ids_envelope, manifest_envelope, results_envelope
+from shared.tables import encode_table
+from shared.wire import ids_envelope, manifest_envelope, results_envelope
 from support.modules import loaded_of
 from support.records import manifest, partial, result
 from support.references import sample_files

@@ -16,8 +16,8 @@ from shared.errors import PoisonMessage
 from shared.messages import BatchRequest, IdsPart, Kind, PoisonNotice, WorkHeader
 from shared.messaging.envelope import Envelope
 from shared.rules.schemas import IDS_SCHEMA
+from shared.tables import encode_table
 from shared.wire import (
-    encode_table,
     ids_envelope,
     kind_of,
     manifest_envelope,
@@ -93,3 +93,31 @@ def test_a_known_kind_is_poison_to_a_reader_that_does_not_take_it() -> None:
         parse_results(envelope)
     assert caught.value.reason == "unexpected_kind"
     assert "manifest" in caught.value.detail
+
+
+def test_a_results_message_carries_its_partials_as_a_stream_and_reads_them_as_parquet_from_before() -> None:
+    sent = [
+        result("b1:0", partial(transactions=2), partial("acct-2", net=10**30)),
+        result("b2:0", batch_id="b2", rejects=[{"row": 3, "reason": "bad_amount", "raw": "{}"}]),
+        result("b1:1", partial(day="2026-03-03")),
+    ]
+    envelope = results_envelope(sent)
+    sizes = envelope.headers["tables"]
+    assert envelope.payload[:4] == b"\xff\xff\xff\xff"  # the partials: an Arrow stream
+    assert envelope.payload[sizes["partials"] :][:4] == b"PAR1"  # the rejects: Parquet
+    assert parse_results(_as_read(envelope)) == sent
+    partials = encode_table(pa.concat_tables([r.partials for r in sent]))  # as processors wrote them before
+    before = Envelope(
+        envelope.kind,
+        {**envelope.headers, "tables": {**sizes, "partials": len(partials)}},
+        partials + envelope.payload[sizes["partials"] :],
+    )
+    assert parse_results(_as_read(before)) == sent
+
+
+def test_a_results_message_with_damaged_partials_is_poison() -> None:
+    envelope = results_envelope([result("b1:0", partial())])
+    damaged = Envelope(envelope.kind, envelope.headers, envelope.payload[:4] + b"\x00" * 64 + envelope.payload[68:])
+    with pytest.raises(PoisonMessage) as caught:
+        parse_results(_as_read(damaged))
+    assert caught.value.reason == "bad_payload"
