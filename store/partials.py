@@ -62,11 +62,12 @@ class Sums:
     summed: Summed | None = None
     pending: tuple[pa.Table, ...] = ()
 
-    def add(self, partials: Mapping[str, pa.Table]) -> Sums:
-        """These sums and the partials of more work items (work item → its ``PARTIAL_SCHEMA`` table); raises
-        ``pa.ArrowInvalid`` when a sum does not fit its column."""
+    def add(self, partials: Mapping[str, pa.Table], *, whole: bool = False) -> Sums:
+        """These sums and the partials of more work items (work item → its ``PARTIAL_SCHEMA`` table), summed at once
+        if ``whole`` (a batch about to settle: its settle then sums only what comes last); raises ``pa.ArrowInvalid``
+        when a sum does not fit its column."""
         items, pending = self.items | partials.keys(), (*self.pending, *partials.values())
-        if sum(table.num_rows for table in pending) < _PENDING_ROWS:
+        if not whole and sum(table.num_rows for table in pending) < _PENDING_ROWS:
             return Sums(items, self.summed, pending)
         return Sums(items, self._with(pending))
 

@@ -92,7 +92,7 @@ def apply(
         _write_numbered(conn, rows, before, now)
         recorded = _record_work_items(conn, rows, incoming, now)
         counted = _count_results(conn, rows, recorded)
-        sums = {} if folds is None else _summing(folds, before, counted)
+        sums = {} if folds is None else _summing(folds, before, rows, counted)
         for batch_id, made in (requests or {}).items():
             rows[batch_id]["requests"] += made
         settling = {batch_id: state for batch_id, row in rows.items() if (state := next_state(row))}
@@ -301,10 +301,14 @@ def _count_results(conn: sa.Connection, rows: Mapping[str, BatchRow], recorded: 
 
 
 def _summing(
-    folds: partials.Folds, before: Mapping[str, BatchRow], counted: Iterable[WorkItemResult]
+    folds: partials.Folds,
+    before: Mapping[str, BatchRow],
+    rows: Mapping[str, BatchRow],
+    counted: Iterable[WorkItemResult],
 ) -> dict[str, partials.Sums]:
     """Each batch's sums of partials as this apply leaves them, where the store holds them: those kept (none yet for a
-    batch that recorded no work item before), with the partials ``counted`` now added."""
+    batch that recorded no work item before), with the partials ``counted`` now added, summed whole where the batch
+    waits for one work item at most (so that the transaction that settles it sums little)."""
     added: dict[str, dict[str, pa.Table]] = {}
     for result in counted:
         added.setdefault(result.batch_id, {})[result.work_item_id] = result.partials
@@ -315,12 +319,17 @@ def _summing(
             kept = partials.Sums()
         if kept is not None and batch_id in added:
             try:
-                kept = kept.add(added[batch_id])
+                kept = kept.add(added[batch_id], whole=_one_item_left(rows[batch_id]))
             except pa.ArrowInvalid:  # a sum past its column: the batch settles from its partials, refused
                 kept = None
         if kept is not None:
             sums[batch_id] = kept
     return sums
+
+
+def _one_item_left(row: BatchRow) -> bool:
+    """Whether a batch waits for one work item at most (its manifest recorded)."""
+    return row["work_items"] is not None and row["work_items"] - row["completed_items"] <= 1
 
 
 def _keep_sums(folds: partials.Folds, rows: Mapping[str, BatchRow], sums: Mapping[str, partials.Sums]) -> None:

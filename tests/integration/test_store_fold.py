@@ -12,6 +12,7 @@ from decimal import Decimal, localcontext
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pytest
 import sqlalchemy as sa
 from alembic import command
@@ -492,3 +493,28 @@ def test_store_apply_benchmark_runs_at_a_small_size(tmp_path: Path) -> None:
     measured = run_benchmark("store_apply", str(source), *options, output=tmp_path / "apply.json")
     assert 19_000 < measured["transactions"] <= 20_000 and measured["partials"] > 0
     assert set(measured["groups"]) == {"1", "4"} and all(g["cpu_seconds"] > 0 for g in measured["groups"].values())
+
+
+def test_a_batch_waiting_for_its_last_work_item_has_its_sums_summed_so_its_settle_sums_only_that_one(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The partials kept as they came are summed once a batch waits for one work item at most: the transaction that
+    settles it sums the last item's partials alone (and adds them to the sums), exactly."""
+    summed: list[int] = []
+    summing = store_partials._summed
+
+    def counted(table: pa.Table) -> Any:
+        summed.append(table.num_rows)
+        return summing(table)
+
+    monkeypatch.setattr(store_partials, "_summed", counted)
+    rows = [[partial(f"acct-{i}", net=10**30 + i) for i in range(n)] for n in (5, 4, 3)]
+    items = [result(f"b1-w{i}", *item) for i, item in enumerate(rows)]
+    store.apply([manifest("b1", work_items=3, rows=12)], items[:1])
+    assert summed == []  # kept as they came
+    store.apply([], items[1:2])
+    assert summed == [9]  # one item left: the first two summed
+    store.apply([], items[2:])
+    assert summed == [9, 3]
+    want = reference(items)
+    assert stored_text(store) == canonical(want)
