@@ -96,6 +96,9 @@ class WorkItemResult:
     held: pa.Table = field(default_factory=HELD_SCHEMA.empty_table)
     trace: dict[str, str] = field(default_factory=dict)
     marked: int | None = None  # the header's filter serial (WorkHeader.marked)
+    #: ``partials`` as its results message carried them (``shared.tables.encode_stream``), kept by the store as they
+    #: came; None where the message carried them otherwise (written before) or the result was made here.
+    encoded_partials: bytes | None = field(default=None, compare=False, repr=False)
 
     @property
     def rows(self) -> int:

@@ -121,35 +121,35 @@ def decode_work(header: WorkHeader, encoded: bytes, text: bytes = b"") -> pa.Tab
     return table
 
 
-#: The tables of a results message, in the order their rows lie in it, with each item's count of rows and how
-#: they are encoded.
-_RESULT_TABLES = (
-    ("partials", "groups", PARTIAL_SCHEMA, encode_stream),
-    ("rejects", "rejects", REJECTED_SCHEMA, encode_table),
-    ("held", "held", HELD_SCHEMA, encode_table),
-)
+#: The tables of a results message after its partial aggregates, in the order their rows lie in it, with each item's
+#: count of rows.
+_RESULT_TABLES = (("rejects", "rejects", REJECTED_SCHEMA), ("held", "held", HELD_SCHEMA))
 
 
 def results_envelope(results: list[WorkItemResult]) -> Envelope:
-    """Coalesce the results of one dequeued batch into one envelope: per table, the items' rows one after
-    the other (encoded where there are any; the headers say how many bytes and each item's rows)."""
+    """Coalesce the results of one dequeued batch into one envelope: each item's partial aggregates as a stream of its
+    own (what the store keeps of it), then per table the items' rows one after the other, encoded where there are
+    any; the headers say how many bytes each takes and each item's rows."""
+    streams = [encode_stream(r.partials) for r in results]
     items = [
         {
             "work_item_id": r.work_item_id,
             "batch_id": r.batch_id,
             "transactions": r.transactions,
-            **{count: getattr(r, name).num_rows for name, count, _, _ in _RESULT_TABLES},
+            "groups": r.partials.num_rows,
+            "partials_bytes": len(stream),
+            **{count: getattr(r, name).num_rows for name, count, _ in _RESULT_TABLES},
             **({"trace": r.trace} if r.trace else {}),
             **({"marked": r.marked} if r.marked is not None else {}),
         }
-        for r in results
+        for r, stream in zip(results, streams, strict=True)
     ]
-    sizes: dict[str, int] = {}
-    payload = bytearray()
-    for name, _, schema, encode in _RESULT_TABLES:
+    payload = bytearray(b"".join(streams))
+    sizes = {"partials": len(payload)}
+    for name, _, schema in _RESULT_TABLES:
         table = pa.concat_tables([getattr(r, name) for r in results]) if results else schema.empty_table()
-        if table.num_rows or name == "partials":
-            encoded = encode(table)
+        if table.num_rows:
+            encoded = encode_table(table)
             sizes[name] = len(encoded)
             payload += encoded
     return Envelope(Kind.RESULTS, {"items": items, "tables": sizes}, bytes(payload))
@@ -157,23 +157,23 @@ def results_envelope(results: list[WorkItemResult]) -> Envelope:
 
 def parse_results(envelope: Envelope) -> list[WorkItemResult]:
     h = _expect(envelope, Kind.RESULTS)
+    payload = memoryview(envelope.payload)
     tables: dict[str, pa.Table] = {}
-    offset = 0
     try:
+        items = list(h["items"])
         sizes = {str(name): int(size) for name, size in h["tables"].items()}
-        for name, _, schema, _ in _RESULT_TABLES:
+        offset = sizes.get("partials", 0)
+        partials = _partials(items, payload[:offset])
+        for name, _, schema in _RESULT_TABLES:
             size = sizes.get(name)
-            if size is None:
-                tables[name] = schema.empty_table()
-                continue
-            tables[name] = _decode(memoryview(envelope.payload)[offset : offset + size])
-            offset += size
+            tables[name] = schema.empty_table() if size is None else _decode(payload[offset : offset + size])
+            offset += size or 0
             if tables[name].schema != schema:
                 raise PoisonMessage("bad_results", f"{name} do not have the expected schema")
         results, taken = [], dict.fromkeys(tables, 0)
-        for item in h["items"]:
+        for item, (table, stream) in zip(items, partials, strict=True):
             parts = {}
-            for name, count, _, _ in _RESULT_TABLES:
+            for name, count, _ in _RESULT_TABLES:
                 rows = int(item.get(count, 0))
                 parts[name] = tables[name].slice(taken[name], rows)
                 taken[name] += rows
@@ -185,16 +185,49 @@ def parse_results(envelope: Envelope) -> list[WorkItemResult]:
                     str(item["work_item_id"]),
                     str(item["batch_id"]),
                     int(item["transactions"]),
+                    table,
                     trace=trace,
                     marked=marked,
+                    encoded_partials=stream,
                     **parts,
                 )
             )
     except (AttributeError, KeyError, TypeError, ValueError) as exc:
         raise PoisonMessage("bad_results", str(exc)) from exc
-    if offset != len(envelope.payload) or any(taken[name] != table.num_rows for name, table in tables.items()):
+    if offset != len(payload) or any(taken[name] != table.num_rows for name, table in tables.items()):
         raise PoisonMessage("bad_results", "the tables and the item headers disagree")
     return results
+
+
+def _partials(items: list[dict[str, Any]], data: memoryview) -> list[tuple[pa.Table, bytes | None]]:
+    """Each item's partial aggregates and the stream they came in, from the start of a results message's payload
+    (``data``): a stream per item (its ``partials_bytes``), or, in a message written before, one table of every item's
+    rows (Parquet: no stream to keep)."""
+    found: list[tuple[pa.Table, bytes | None]] = []
+    if items and all("partials_bytes" in item for item in items):
+        offset = 0
+        for item in items:
+            stream = bytes(data[offset : offset + int(item["partials_bytes"])])
+            found.append((_partial_table(_decode(stream), int(item["groups"])), stream))
+            offset += len(stream)
+        if offset != len(data):
+            raise PoisonMessage("bad_results", "the partials and the item headers disagree")
+        return found
+    table = _decode(data) if len(data) else PARTIAL_SCHEMA.empty_table()
+    table, taken = _partial_table(table, sum(int(item.get("groups", 0)) for item in items)), 0
+    for item in items:
+        found.append((table.slice(taken, int(item.get("groups", 0))), None))
+        taken += found[-1][0].num_rows
+    return found
+
+
+def _partial_table(table: pa.Table, rows: int) -> pa.Table:
+    """``table``, checked to be ``rows`` partial aggregates."""
+    if table.schema != PARTIAL_SCHEMA:
+        raise PoisonMessage("bad_results", "partials do not have the expected schema")
+    if table.num_rows != rows:
+        raise PoisonMessage("bad_results", "the partials and the item headers disagree")
+    return table
 
 
 def poisoned_envelope(notice: PoisonNotice) -> Envelope:

@@ -1,12 +1,13 @@
 """What each work item counted, kept as it came until its batch settles: then summed into ``aggregates`` (per day)
 and ``period_aggregates`` (per billing period, tax region and rate) once.
 
-A work item's partial aggregates are one row of ``partials`` (an Arrow stream, LZ4: written and read in a few
-milliseconds), written in the transaction that records the item, so that recording a work item costs one row however
-many aggregate keys it touches. When the batch completes, its partials and the partials of its held rows counted then
-are summed per day and per period (:func:`~store.fold.daily`, :func:`~store.fold.regional`) and written as its
-aggregates, and the partials go; when it fails (a poisoned work item), what it counted so far is written the same way
-and the partials stay, so that a replay that completes it later writes the whole again. Sums beyond what the store's
+A work item's partial aggregates are one row of ``partials`` (an Arrow stream: the one its results message carried,
+else LZ4; written and read in a few milliseconds), written in the transaction that records the item, so that recording
+a work item costs one row however many aggregate keys it touches. When the batch completes, its partials and the
+partials of its held rows counted then are summed per day and per period (:func:`~store.fold.daily`,
+:func:`~store.fold.regional`) and written as its aggregates, and the partials go; when it fails (a poisoned work
+item), what it counted so far is written the same way and the partials stay, so that a replay that completes it later
+writes the whole again. Sums beyond what the store's
 columns hold (10^38 minor units) are found then: the store refuses the batch for them.
 
 A store also sums the partials it records as it records them (:class:`Sums`, kept per batch by :class:`Folds`), so
@@ -105,10 +106,13 @@ class Folds:
                     self._sums.popitem(last=False)
 
 
-def record(conn: sa.Connection, counted: Iterable[tuple[str, str, pa.Table]]) -> None:
-    """Keep the partial aggregates of work items recorded now: (work item, batch, ``PARTIAL_SCHEMA`` table); a null
-    sum raises ``ValueError``."""
-    rows = [{"work_item_id": item, "batch_id": batch, "aggregates": _encode(table)} for item, batch, table in counted]
+def record(conn: sa.Connection, counted: Iterable[tuple[str, str, pa.Table, bytes | None]]) -> None:
+    """Keep the partial aggregates of work items recorded now: (work item, batch, ``PARTIAL_SCHEMA`` table, the stream
+    its results message carried it in, if any: kept as it came); a null sum raises ``ValueError``."""
+    rows = [
+        {"work_item_id": item, "batch_id": batch, "aggregates": _encode(table, stream)}
+        for item, batch, table, stream in counted
+    ]
     for chunk in chunks(rows, CHUNK):
         conn.execute(sa.insert(partials), chunk)
 
@@ -199,8 +203,8 @@ def _insert(conn: sa.Connection, table: sa.Table, batch_id: str, rows: pa.Table)
         conn.exec_driver_sql(insert, chunk)
 
 
-def _encode(table: pa.Table) -> bytes:
-    """A work item's partial aggregates (``PARTIAL_SCHEMA``) as an Arrow stream, compressed; a null sum raises
-    ``ValueError``."""
+def _encode(table: pa.Table, stream: bytes | None) -> bytes:
+    """A work item's partial aggregates (``PARTIAL_SCHEMA``) as an Arrow stream: ``stream`` if given, else compressed
+    here; a null sum raises ``ValueError``."""
     checked([table])
-    return encode_stream(table, dense=False)
+    return encode_stream(table, dense=False) if stream is None else stream

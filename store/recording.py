@@ -296,7 +296,7 @@ def _count_results(conn: sa.Connection, rows: Mapping[str, BatchRow], recorded: 
         count(rows[result.batch_id], result.transactions, result.rejects.num_rows)
     insert_rejects(conn, [(r.batch_id, r.rejects) for r in counted])
     insert_held(conn, [(r.batch_id, r.held) for r in counted])
-    partials.record(conn, [(r.work_item_id, r.batch_id, r.partials) for r in counted])
+    partials.record(conn, [(r.work_item_id, r.batch_id, r.partials, r.encoded_partials) for r in counted])
     return counted
 
 

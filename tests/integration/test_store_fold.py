@@ -21,6 +21,7 @@ from alembic.config import Config
 from billing import reports
 from billing.sample import generate
 from shared.messages import PoisonNotice, WorkItemResult
+from shared.wire import parse_results, results_envelope
 from store import MIGRATIONS, ApplyOutcome, Store
 from store import partials as store_partials
 from store.schema import aggregates, batches, held, partials, work_items
@@ -518,3 +519,22 @@ def test_a_batch_waiting_for_its_last_work_item_has_its_sums_summed_so_its_settl
     assert summed == [9, 3]
     want = reference(items)
     assert stored_text(store) == canonical(want)
+
+
+def test_partials_that_came_in_a_results_message_are_kept_as_they_came_and_read_back_exactly(migrated_url: str) -> None:
+    """The store keeps each work item's partials as the stream its results message carried them in, and a batch whose
+    partials are read back from those streams (a store opened anew for each apply) settles exactly."""
+    rng = random.Random(7)
+    items = [random_result(rng, f"b1-w{i}", "b1") for i in range(6)]
+    read = parse_results(results_envelope(items))
+    with Store(migrated_url, migrate=False) as first:
+        first.apply([manifest("b1", work_items=6, rows=sum(r.transactions for r in items))], read[:4])
+        with first.engine.connect() as conn:
+            kept = {
+                item: bytes(data)
+                for item, data in conn.execute(sa.select(partials.c.work_item_id, partials.c.aggregates))
+            }
+    assert kept == {r.work_item_id: r.encoded_partials for r in read[:4]}
+    with Store(migrated_url, migrate=False) as anew:
+        anew.apply([], read[4:])
+        assert stored_text(anew) == canonical(reference(items))

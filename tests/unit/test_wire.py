@@ -16,7 +16,7 @@ from shared.errors import PoisonMessage
 from shared.messages import BatchRequest, IdsPart, Kind, PoisonNotice, WorkHeader
 from shared.messaging.envelope import Envelope
 from shared.rules.schemas import IDS_SCHEMA
-from shared.tables import encode_table
+from shared.tables import decode_table, encode_table
 from shared.wire import (
     ids_envelope,
     kind_of,
@@ -95,24 +95,40 @@ def test_a_known_kind_is_poison_to_a_reader_that_does_not_take_it() -> None:
     assert "manifest" in caught.value.detail
 
 
-def test_a_results_message_carries_its_partials_as_a_stream_and_reads_them_as_parquet_from_before() -> None:
+def test_a_results_message_carries_each_items_partials_as_a_stream_of_its_own_and_reads_those_from_before() -> None:
     sent = [
         result("b1:0", partial(transactions=2), partial("acct-2", net=10**30)),
         result("b2:0", batch_id="b2", rejects=[{"row": 3, "reason": "bad_amount", "raw": "{}"}]),
         result("b1:1", partial(day="2026-03-03")),
     ]
     envelope = results_envelope(sent)
-    sizes = envelope.headers["tables"]
-    assert envelope.payload[:4] == b"\xff\xff\xff\xff"  # the partials: an Arrow stream
-    assert envelope.payload[sizes["partials"] :][:4] == b"PAR1"  # the rejects: Parquet
-    assert parse_results(_as_read(envelope)) == sent
+    read = parse_results(_as_read(envelope))
+    assert read == sent
+    streams = [r.encoded_partials for r in read]
+    assert b"".join(s or b"" for s in streams) == envelope.payload[: envelope.headers["tables"]["partials"]]
+    assert all(s is not None and decode_table(s).equals(r.partials) for s, r in zip(streams, sent, strict=True))
+    assert envelope.payload[len(b"".join(s or b"" for s in streams)) :][:4] == b"PAR1"  # the rejects: Parquet
     partials = encode_table(pa.concat_tables([r.partials for r in sent]))  # as processors wrote them before
+    items = [{k: v for k, v in item.items() if k != "partials_bytes"} for item in envelope.headers["items"]]
+    sizes = envelope.headers["tables"]
     before = Envelope(
         envelope.kind,
-        {**envelope.headers, "tables": {**sizes, "partials": len(partials)}},
+        {"items": items, "tables": {**sizes, "partials": len(partials)}},
         partials + envelope.payload[sizes["partials"] :],
     )
-    assert parse_results(_as_read(before)) == sent
+    read = parse_results(_as_read(before))
+    assert read == sent
+    assert [r.encoded_partials for r in read] == [None] * 3  # nothing the store can keep as it came
+
+
+@pytest.mark.parametrize("field", ["partials_bytes", "groups"])
+def test_a_results_message_whose_partials_and_headers_disagree_is_poison(field: str) -> None:
+    envelope = results_envelope([result("b1:0", partial(), partial("acct-2")), result("b1:1", partial())])
+    items = [dict(item) for item in envelope.headers["items"]]
+    items[0][field] += 1
+    with pytest.raises(PoisonMessage) as caught:
+        parse_results(_as_read(Envelope(envelope.kind, {**envelope.headers, "items": items}, envelope.payload)))
+    assert caught.value.reason in ("bad_results", "bad_payload")
 
 
 def test_a_results_message_with_damaged_partials_is_poison() -> None:
