@@ -5,10 +5,12 @@ from __future__ import annotations
 import csv
 import io
 import json
+import sqlite3
 import subprocess
 import sys
 import threading
 from collections.abc import Callable
+from contextlib import closing
 from datetime import UTC, datetime, timedelta, timezone
 from decimal import Decimal
 from pathlib import Path
@@ -23,7 +25,7 @@ from billing import reports
 from shared.errors import InfrastructureError
 from shared.messages import PoisonNotice
 from store import MIGRATIONS, SCHEMA_REVISION, Patience, Store
-from store.engine import create_engine
+from store.engine import SQLITE_PAGE_BYTES, create_engine
 from store.schema import held
 from support.records import held_row, manifest, partial, result
 
@@ -353,22 +355,37 @@ def _at_once(action: Callable[[], object], threads: int) -> list[BaseException]:
 
 def test_a_new_sqlite_database_opened_by_many_connections_at_once_ends_in_wal(tmp_path: Path) -> None:
     """SQLite refuses the switch to WAL at once ("database is locked") while another connection holds
-    the new file; each connection must wait for its turn instead of failing."""
+    the new file; each connection must wait for its turn instead of failing. The new file has the store's pages."""
     for round_ in range(20):
-        assert _journal_modes_at_once(sa.make_url(f"sqlite:///{tmp_path}/{round_}.db"), 8) == ["wal"] * 8
+        found = _journal_modes_at_once(sa.make_url(f"sqlite:///{tmp_path}/{round_}.db"), 8)
+        assert found == [("wal", SQLITE_PAGE_BYTES)] * 8
 
 
-def _journal_modes_at_once(url: sa.URL, connections: int) -> list[str]:
-    """The journal mode each of ``connections`` engines finds, all connecting to ``url`` at once."""
+def test_a_sqlite_database_made_before_keeps_its_page_size_and_opens(tmp_path: Path) -> None:
+    made = tmp_path / "before.db"
+    with closing(sqlite3.connect(made)) as conn:
+        conn.execute("PRAGMA page_size = 4096")
+        conn.execute("VACUUM")
+    with Store(f"sqlite:///{made}") as store:
+        store.apply([manifest("b1", work_items=1, rows=1)], [result("b1:0", partial())])
+        with store.engine.connect() as conn:
+            assert conn.exec_driver_sql("PRAGMA page_size").scalar_one() == 4096
+        status = store.batch("b1")
+        assert status is not None and status.state == "complete"
+
+
+def _journal_modes_at_once(url: sa.URL, connections: int) -> list[tuple[str, int]]:
+    """The journal mode and page size each of ``connections`` engines finds, all connecting to ``url`` at once."""
     barrier = threading.Barrier(connections)
-    modes: list[str] = []
+    modes: list[tuple[str, int]] = []
 
     def connect() -> None:
         engine = create_engine(url)
         try:
             barrier.wait()
             with engine.connect() as conn:
-                modes.append(conn.exec_driver_sql("PRAGMA journal_mode").scalar_one())
+                mode = conn.exec_driver_sql("PRAGMA journal_mode").scalar_one()
+                modes.append((mode, conn.exec_driver_sql("PRAGMA page_size").scalar_one()))
         finally:
             engine.dispose()
 
