@@ -28,8 +28,8 @@ ENTRA_POSTGRES_SCOPE = "https://ossrdbms-aad.database.windows.net/.default"
 IMMEDIATE = "billing_sqlite_immediate"
 #: How long a SQLite connection waits for another's lock before it fails.
 SQLITE_BUSY_TIMEOUT_S = 30
-#: The page size of a new SQLite database: its inserts (the ledger's ids, a batch's aggregates) cost about a sixth less
-#: than at SQLite's 4 KiB. A database keeps the size it was made with.
+#: The page size of a new SQLite database: larger than SQLite's 4 KiB, for cheaper bulk inserts (the ledger's ids, a
+#: batch's aggregates; docs/performance.md). A database keeps the size it was made with.
 SQLITE_PAGE_BYTES = 16384
 T = TypeVar("T")
 #: Rows written (or ids looked up) per statement.
