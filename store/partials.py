@@ -7,8 +7,8 @@ a work item costs one row however many aggregate keys it touches. When the batch
 partials of its held rows counted then are summed per day and per period (:func:`~store.fold.daily`,
 :func:`~store.fold.regional`) and written as its aggregates, and the partials go; when it fails (a poisoned work
 item), what it counted so far is written the same way and the partials stay, so that a replay that completes it later
-writes the whole again. Sums beyond what the store's
-columns hold (10^38 minor units) are found then: the store refuses the batch for them.
+writes the whole again. Sums beyond what the store's columns hold (10^38 minor units) are found then: the store
+refuses the batch for them.
 
 A store also sums the partials it records as it records them (:class:`Sums`, kept per batch by :class:`Folds`), so
 that a batch settles without reading its partials back and summing them at its end: those sums are taken only where
