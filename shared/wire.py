@@ -216,8 +216,9 @@ def _partials(items: list[dict[str, Any]], data: memoryview) -> list[tuple[pa.Ta
     table = _decode(data) if len(data) else PARTIAL_SCHEMA.empty_table()
     table, taken = _partial_table(table, sum(int(item.get("groups", 0)) for item in items)), 0
     for item in items:
-        found.append((table.slice(taken, int(item.get("groups", 0))), None))
-        taken += found[-1][0].num_rows
+        rows = int(item.get("groups", 0))
+        found.append((table.slice(taken, rows), None))
+        taken += rows
     return found
 
 

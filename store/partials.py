@@ -81,7 +81,7 @@ class Sums:
         if not partials:
             return self.summed or _summed(PARTIAL_SCHEMA.empty_table())
         added = _summed(pa.concat_tables(partials))
-        return added if self.summed is None else _merged([self.summed, added])
+        return added if self.summed is None else _merged(self.summed, added)
 
 
 class Folds:
@@ -154,7 +154,7 @@ def _fold(tables: Iterable[pa.Table]) -> Summed:
     sums: Summed | None = None
     for group in _groups(tables, _FOLD_ROWS):
         part = _summed(pa.concat_tables(group))  # checked as they were recorded (:func:`_encode`)
-        sums = part if sums is None else _merged([sums, part])
+        sums = part if sums is None else _merged(sums, part)
     return sums or _summed(PARTIAL_SCHEMA.empty_table())
 
 
@@ -163,11 +163,9 @@ def _summed(partials: pa.Table) -> Summed:
     return daily(partials), regional(partials)
 
 
-def _merged(pieces: list[Summed]) -> Summed:
-    """Pieces of sums summed into one."""
-    if len(pieces) == 1:
-        return pieces[0]
-    return daily(pa.concat_tables([piece[0] for piece in pieces])), regional(pa.concat_tables([p[1] for p in pieces]))
+def _merged(first: Summed, second: Summed) -> Summed:
+    """Two pieces of sums summed into one."""
+    return daily(pa.concat_tables([first[0], second[0]])), regional(pa.concat_tables([first[1], second[1]]))
 
 
 def _recorded_items(conn: sa.Connection, batch_id: str) -> frozenset[str]:
