@@ -27,7 +27,8 @@ PRELOAD = ["processor.jobs", "processor.warm"]  # what the fork server imports o
 
 class RatingPool:
     """``workers`` rating processes, started now (not when the first work item waits for them):
-    forks of a fork server that imported :mod:`processor.jobs` once, each exiting with its owner.
+    forks of a fork server that imported :mod:`processor.jobs` once, each exiting with its owner and running
+    ``niceness`` lower in CPU priority than it (:func:`os.nice`).
 
     A result comes back as a file in the pool's spool directory, the pool's pipe carrying only its
     path. Through the pipe itself, a worker killed while sending a large result (SIGKILL, out of
@@ -36,8 +37,9 @@ class RatingPool:
     tried once more on the new one; should that break too, :meth:`run` raises
     :class:`~concurrent.futures.process.BrokenProcessPool`."""
 
-    def __init__(self, workers: int, *, owner_check: float = 1.0) -> None:
+    def __init__(self, workers: int, *, niceness: int = 0, owner_check: float = 1.0) -> None:
         self.workers = workers
+        self._niceness = niceness
         self._owner_check = owner_check
         self._spool = tempfile.mkdtemp(prefix="billing-rating-")
         self._executor = self._start()
@@ -70,8 +72,8 @@ class RatingPool:
         executor = ProcessPoolExecutor(
             self.workers,
             mp_context=context,
-            initializer=exit_with,
-            initargs=(os.getpid(), self._owner_check, self._spool),
+            initializer=_start_worker,
+            initargs=(os.getpid(), self._owner_check, self._spool, self._niceness),
         )
         for _ in range(self.workers):
             executor.submit(_started)
@@ -99,10 +101,11 @@ def _unspooled(path: str) -> Any:
         os.unlink(path)
 
 
-def exit_with(owner: int, interval: float, spool: str) -> None:
-    """Worker initializer: exit once the process that owns the pool is gone, even SIGKILLed (a
-    killed owner cannot shut its pool down, and idle workers would otherwise wait forever), removing its
-    ``spool`` and any result left there first (a killed owner cannot)."""
+def _start_worker(owner: int, interval: float, spool: str, niceness: int) -> None:
+    """Worker initializer: run ``niceness`` lower in CPU priority; exit once the process that owns the pool is gone,
+    even SIGKILLed (a killed owner cannot shut its pool down, and idle workers would otherwise wait forever), removing
+    its ``spool`` and any result left there first (a killed owner cannot)."""
+    os.nice(niceness)
 
     def watch() -> None:
         while True:

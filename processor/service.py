@@ -38,7 +38,7 @@ class Processor(Service):
         super().__init__(storage=storage, settings=settings, triggers=triggers, burst=burst)
         self.claim_check = ClaimCheck(storage, container=settings.work_container, limit=settings.max_message_bytes)
         self.references = ReferenceStore(storage, container=settings.reference_container)
-        self._pool = RatingPool(settings.cpu_workers)
+        self._pool = RatingPool(settings.cpu_workers, niceness=settings.rating_niceness)
         poison = PoisonQueue(
             storage, self.claim_check, on_poisoned=notify_controller(self.claim_check, settings.results_queue)
         )

@@ -128,6 +128,9 @@ class Settings(BaseSettings):
     # Concurrency.
     max_concurrent_sends: int = Field(default=32, ge=1)
     cpu_workers: int = Field(default_factory=available_cpus, ge=1)
+    # How much lower than its processor the rating workers run in CPU priority (nice): on a machine they share with
+    # the roles a batch waits on one at a time (controller, initiator), those go first; on their own it changes nothing.
+    rating_niceness: int = Field(default=5, ge=0, le=19)
     # Work items a processor holds beyond those its workers are rating: this many per worker, read and
     # ready to start; the rest of the queue stays visible to other processors.
     prefetch_per_worker: int = Field(default=1, ge=0, le=8)

@@ -98,6 +98,15 @@ async def test_a_worker_killed_at_any_moment_of_handing_back_a_large_result_neve
         pool.shutdown()
 
 
+async def test_rating_workers_run_lower_in_cpu_priority_than_their_owner() -> None:
+    pool = RatingPool(2, niceness=3)
+    try:
+        niceness = set(await asyncio.gather(*(pool.run(os.nice, 0) for _ in range(8))))
+    finally:
+        pool.shutdown()
+    assert niceness == {min(os.nice(0) + 3, 19)}
+
+
 def test_a_killed_rating_worker_is_replaced_and_the_batch_stays_exact(
     settings_env: Settings, roles: Roles, tmp_path: Path
 ) -> None:
@@ -110,6 +119,8 @@ def test_a_killed_rating_worker_is_replaced_and_the_batch_stays_exact(
         # The processor's children: its fork server, whose children are the rating workers.
         workers = [worker for server in children(processor) for worker in children(server)]
         assert len(workers) == settings.cpu_workers, workers
+        niceness = os.getpriority(os.PRIO_PROCESS, processor) + settings.rating_niceness
+        assert {os.getpriority(os.PRIO_PROCESS, worker) for worker in workers} == {niceness}
         billing("submit", str(batch), "--batch-id", "workers", *sample_flags(tmp_path / "ref"))
 
         depths: list[int] = []
