@@ -308,5 +308,8 @@ def stalled(row: BatchRow | sa.RowMapping, merges_numbered: int) -> str:
             "an earlier batch's"
         )
     if row["waiting_for"] is not None:
-        return f"every work item recorded: it waits for batch {row['waiting_for']}, which shares ids with it"
+        return (
+            f"every work item recorded: it waits for batch {row['waiting_for']}, which shares ids with it or has ids "
+            "parts on their way"
+        )
     return "every work item recorded, not decided yet"

@@ -12,7 +12,8 @@ across batches").
   all of them (:mod:`store.ledger.numbers`, :func:`release`).
 - **Who is checked.** The initiator marks the first occurrences the id filter may hold; they are held and
   decided here, exactly, against every earlier batch (:func:`decide`): an id counted in a complete earlier
-  batch is taken; one in an earlier batch still running makes this batch wait for it.
+  batch is taken; one in an earlier batch still running makes this batch wait for it, as does an earlier batch
+  with an ids part not recorded yet (the id may be in it).
 - **What the filter could not hold.** An earlier batch whose ids were merged into the filter after this one
   was marked (two initiators at once) is compared with this batch id by id: if they share an id this batch
   counted unchecked, the batch is refused (nothing of it counts; submit it again under a new id).
@@ -163,11 +164,12 @@ def decide(
     transaction to their new state."""
     unfiltered = _unfiltered(conn, row)
     hits = _earlier_rows(conn, seq, firsts)
+    recording = _recording(conn, seq) if firsts else []
 
     def state(hit: _Hit) -> str:
         return settled.get(hit.batch_seq, hit.state)
 
-    running = [hit for hit in unfiltered + hits if state(hit) == BatchState.processing]
+    running = [hit for hit in unfiltered + hits + recording if state(hit) == BatchState.processing]
     if running:
         return Verdict(wait_for=min(running, key=lambda hit: hit.batch_seq).batch_id)
     for other in unfiltered:
@@ -234,6 +236,19 @@ def _unfiltered(conn: sa.Connection, row: BatchRow) -> list[_Hit]:
     if row["filter_serial"] is not None:
         query = query.where(batches.c.id_serial > row["filter_serial"])
     return [_Hit(r.batch_id, r.seq, r.state, segment=r.id_segment, key=r.id_key) for r in conn.execute(query)]
+
+
+def _recording(conn: sa.Connection, seq: int) -> list[_Hit]:
+    """Earlier batches, not voided or refused, with an ids part not recorded yet (on its way, in a message a killed
+    controller held): an id the filter marked may be one of theirs that no probe finds yet. As stored: a part recorded
+    in this transaction counts from the next one on (the batch waits one apply more at most)."""
+    query = sa.select(batches.c.batch_id, batches.c.seq, batches.c.state).where(
+        batches.c.seq < seq,
+        batches.c.voided_at.is_(None),
+        batches.c.refused_reason.is_(None),
+        batches.c.id_parts_recorded < batches.c.id_parts,
+    )
+    return [_Hit(r.batch_id, r.seq, r.state) for r in conn.execute(query)]
 
 
 def _marked(conn: sa.Connection, row: BatchRow) -> set[int]:

@@ -230,6 +230,23 @@ def test_ids_parts_are_recorded_before_the_manifest_and_the_batch_waits_for_ever
     _run(store, shared, model, "again", again)  # ids from every part are known to later batches
 
 
+def test_a_batch_waits_for_an_earlier_batch_whose_ids_part_is_still_on_its_way(store: Store) -> None:
+    shared, model = InProcess(bits=1 << 16, work_item_size=200, part_rows=250), _model()
+    early = rows_of([f"w{i}" for i in range(1200)])
+    first = shared.cut("early", csv_of(early))
+    *recorded, on_its_way = first.ids
+    late = rows_of([*on_its_way.ids["transaction_id"].to_pylist()[:60], "fresh"], quantity="7")
+    second = shared.cut("late", csv_of(late))  # marked with the first's ids merged: every shared id held
+    store.apply([first.manifest, second.manifest], first.results, ids=recorded)  # numbered; one part not recorded
+    outcome = store.apply([], second.results)
+    status = store.batch("late")
+    assert outcome.completed_batches == [] and status is not None and status.state == BatchState.processing
+    assert status.waiting_for == "early"
+    assert store.apply([], [], ids=[on_its_way]).completed_batches == ["early", "late"]
+    _check(store, "early", model.batch("early", early), model)
+    _check(store, "late", model.batch("late", late), model)  # the shared ids: duplicates of the first's
+
+
 def test_a_refused_batch_releases_the_ids_its_parts_recorded(store: Store) -> None:
     shared, model = InProcess(bits=1 << 16, work_item_size=200, part_rows=250), _model()
     rows = rows_of([f"r{i}" for i in range(1200)])

@@ -43,7 +43,9 @@ def test_a_batch_that_stopped_moving_says_why(migrated_url: str) -> None:
         and reasons["running"] == f"{items - 1} of its {items} work items not recorded: still rated, or on their way"
     )
     assert waits is not None and waits.waiting_for == "running" and waits.seq is not None
-    assert reasons["waiting"] == "every work item recorded: it waits for batch running, which shares ids with it"
+    assert reasons["waiting"] == (
+        "every work item recorded: it waits for batch running, which shares ids with it or has ids parts on their way"
+    )
     assert (reasons["unmanifested"] or "").startswith("no manifest yet")
 
 
