@@ -162,7 +162,7 @@ def decide(
     """The ledger's verdict on batch ``row`` (numbered ``seq``), whose held rows repeat the first occurrences
     ``firsts`` (their ids, as held rows tell them); ``settled`` maps the seq of batches settled earlier in this
     transaction to their new state."""
-    unfiltered = _unfiltered(conn, row)
+    unfiltered = _unfiltered(conn, row, seq)
     hits = _earlier_rows(conn, seq, firsts)
     recording = _recording(conn, seq) if firsts else []
 
@@ -223,15 +223,13 @@ class _Hit:
     key: int | None = None
 
 
-def _unfiltered(conn: sa.Connection, row: BatchRow) -> list[_Hit]:
-    """Earlier batches, not voided, complete or running, whose ids the filter did not hold when ``row``'s
-    batch was marked (all earlier batches with ids, when no filter was used)."""
+def _unfiltered(conn: sa.Connection, row: BatchRow, seq: int) -> list[_Hit]:
+    """Earlier batches (than ``row``'s, numbered ``seq``), not voided, complete or running, whose ids the filter did
+    not hold when ``row``'s batch was marked (all earlier batches with ids, when no filter was used)."""
     query = sa.select(batches.c.batch_id, batches.c.seq, batches.c.state, batches.c.id_segment, batches.c.id_key).where(
-        batches.c.seq < row["seq"],
-        batches.c.voided_at.is_(None),
+        *_counting_before(seq),
         batches.c.id_serial.is_not(None),
         batches.c.state.in_((BatchState.processing.value, BatchState.complete.value)),
-        batches.c.refused_reason.is_(None),
     )
     if row["filter_serial"] is not None:
         query = query.where(batches.c.id_serial > row["filter_serial"])
@@ -243,12 +241,14 @@ def _recording(conn: sa.Connection, seq: int) -> list[_Hit]:
     controller held): an id the filter marked may be one of theirs that no probe finds yet. As stored: a part recorded
     in this transaction counts from the next one on (the batch waits one apply more at most)."""
     query = sa.select(batches.c.batch_id, batches.c.seq, batches.c.state).where(
-        batches.c.seq < seq,
-        batches.c.voided_at.is_(None),
-        batches.c.refused_reason.is_(None),
-        batches.c.id_parts_recorded < batches.c.id_parts,
+        *_counting_before(seq), batches.c.id_parts_recorded < batches.c.id_parts
     )
     return [_Hit(r.batch_id, r.seq, r.state) for r in conn.execute(query)]
+
+
+def _counting_before(seq: int) -> tuple[sa.ColumnElement[bool], ...]:
+    """The batches numbered before ``seq`` whose ids may count: not voided, not refused."""
+    return batches.c.seq < seq, batches.c.voided_at.is_(None), batches.c.refused_reason.is_(None)
 
 
 def _marked(conn: sa.Connection, row: BatchRow) -> set[int]:
