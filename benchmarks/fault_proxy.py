@@ -2,7 +2,8 @@
 
 It listens on one loopback port per service (blob, queue) and forwards each request to Azurite
 byte for byte (the SDK's signature stays valid), except that a share of the requests (``rate``) —
-or every request during an outage window (to some paths only, if it names one) — gets a fault instead:
+or every request during an outage window (to some paths or queries only, if it names one) — gets a fault
+instead:
 
 - ``503``: 503 Server Busy (what Azure Storage answers when it throttles);
 - ``500``: 500 Internal Error;
@@ -11,7 +12,9 @@ or every request during an outage window (to some paths only, if it names one) �
 - ``lost_reply``: the request *is* done by Azurite, but the client gets a 500, so its retry repeats
   it (what a request whose answer was lost on the way looks like);
 - ``slow`` (not among :data:`KINDS`; name it in ``kinds``): the request is held ``hang`` seconds, then
-  forwarded and answered as usual.
+  forwarded and answered as usual;
+- ``garbled`` (not among :data:`KINDS` either): the request is forwarded with one byte of its body changed (its
+  signature covers the headers, not the body, so it stays valid): what the service sees of data damaged on the way.
 
 Faults apply per service; the proxy counts, per service, what it forwarded (by method) and what it
 injected (by kind). It runs its own event loop in a thread. Point a role at it through
@@ -36,6 +39,7 @@ from yarl import URL
 
 KINDS = ("503", "500", "reset", "timeout", "lost_reply")
 SLOW = "slow"
+GARBLED = "garbled"
 SERVICES = ("blob", "queue")
 # Set per hop by each side; everything else (signed headers included) is passed on as it came.
 HOP_HEADERS = {"content-length", "transfer-encoding", "connection", "keep-alive", "host"}
@@ -95,9 +99,9 @@ class FaultProxy:
         method: str = "",
         path: str = "",
     ) -> None:
-        """Fail every request to ``services`` with ``kind`` for ``seconds`` (only those whose path holds ``path``,
-        if given): from now, or once ``after`` more requests (with ``method``, if given) have been forwarded to
-        them."""
+        """Fail every request to ``services`` with ``kind`` for ``seconds`` (only those whose path and query hold
+        ``path``, if given): from now, or once ``after`` more requests (with ``method``, if given) have been
+        forwarded to them."""
         self._armed.append(_Outage(seconds, kind, tuple(services), after, method, path))
         self._fire()
 
@@ -165,7 +169,7 @@ class FaultProxy:
 
         async def handle(request: web.Request) -> web.StreamResponse:
             body = await request.read()
-            fault = self._fault(service, request.path)
+            fault = self._fault(service, request.path_qs)
             if fault is not None:
                 self.injected[service][fault] += 1
             if fault in ("503", "500"):
@@ -179,6 +183,8 @@ class FaultProxy:
                 return web.Response(status=500)  # never reaches the client
             if fault == SLOW:
                 await asyncio.sleep(self.hang)
+            if fault == GARBLED and body:
+                body = bytes([body[0] ^ 0xFF]) + body[1:]
             headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_HEADERS}
             try:
                 async with self._session.request(

@@ -14,12 +14,12 @@ from datetime import UTC, date, datetime
 from pathlib import Path
 
 from azure.core import MatchConditions
-from azure.core.exceptions import ResourceExistsError, ResourceModifiedError
+from azure.core.exceptions import HttpResponseError, ResourceExistsError, ResourceModifiedError
 from azure.storage.blob import BlobBlock
 from azure.storage.blob.aio import BlobClient, ContainerClient
 
 from shared import inbox, telemetry
-from shared.errors import FileRefused, InputError
+from shared.errors import FileRefused, InfrastructureError, InputError
 from shared.messages import BatchRequest
 from shared.messaging.storage import Storage
 from shared.messaging.tally import Tally, tallying
@@ -225,7 +225,9 @@ async def mark_voided(settings: Settings, batch_id: str) -> None:
 
 async def _upload(container: ContainerClient, path: Path, request: BatchRequest) -> bool:
     """Upload the file to its inbox blob (a text file as :mod:`shared.inbox` frames, its request in the
-    metadata) unless it is there; False when that batch was already submitted. An inbox blob without its
+    metadata) unless it is there; False when that batch was already submitted. Each block goes with its MD5,
+    which the service checks: one damaged on the way is refused (:class:`InfrastructureError`), and nothing of
+    the file is committed. An inbox blob without its
     :data:`~shared.submissions.REQUESTED` mark is an upload whose request never went out (the submitting
     process died, or the upload's reply was lost and the SDK's retry found the blob): this submission
     carries on and sends it. Should two submissions of
@@ -236,34 +238,46 @@ async def _upload(container: ContainerClient, path: Path, request: BatchRequest)
     try:
         with path.open("rb") as file:
             if codec is None:
-                await container.upload_blob(batch_id, file, overwrite=False, max_concurrency=4, metadata=metadata)
+                await container.upload_blob(
+                    batch_id, file, overwrite=False, max_concurrency=4, metadata=metadata, validate_content=True
+                )
             else:
                 metadata[inbox.CODEC_KEY] = codec
                 frames = line_blocks(file, inbox.frame_bytes(path.stat().st_size))
                 await _upload_frames(container.get_blob_client(batch_id), frames, metadata)
     except (ResourceExistsError, ResourceModifiedError):
         return not await container.get_blob_client(REQUESTED.format(batch_id)).exists()
+    except HttpResponseError as exc:
+        if getattr(exc, "error_code", None) != "Md5Mismatch":  # set by the storage SDK
+            raise
+        raise InfrastructureError(
+            "the file arrived damaged at the storage account (a block's MD5 did not match); nothing of it was stored: "
+            "submit it again"
+        ) from exc
     return True
 
 
 async def _upload_frames(blob: BlobClient, frames: Iterator[bytes], metadata: dict[str, str]) -> None:
-    """Stage each frame as a block (read and compressed off the event loop while others upload, a few at
-    once), then commit them unless the blob exists."""
+    """Stage each frame as a block with its MD5 (read and compressed off the event loop while others upload, a
+    few at once), then commit them unless the blob exists. The first block that fails fails the upload."""
     ids: list[str] = []
     slots = asyncio.Semaphore(UPLOADS)
 
     async def stage(block_id: str, data: bytes) -> None:
         try:
-            await blob.stage_block(block_id, data)
+            await blob.stage_block(block_id, data, validate_content=True)
         finally:
             slots.release()
 
-    async with asyncio.TaskGroup() as staging:
-        while (frame := await asyncio.to_thread(next, frames, None)) is not None:
-            ids.append(inbox.block_id(len(ids), len(frame)))
-            data = await asyncio.to_thread(inbox.compress, frame)
-            await slots.acquire()
-            staging.create_task(stage(ids[-1], data))
+    try:
+        async with asyncio.TaskGroup() as staging:
+            while (frame := await asyncio.to_thread(next, frames, None)) is not None:
+                ids.append(inbox.block_id(len(ids), len(frame)))
+                data = await asyncio.to_thread(inbox.compress, frame)
+                await slots.acquire()
+                staging.create_task(stage(ids[-1], data))
+    except ExceptionGroup as failed:  # the others were cancelled
+        raise failed.exceptions[0] from None
     await blob.commit_block_list(
         [BlobBlock(block_id) for block_id in ids],
         metadata=metadata,

@@ -4,12 +4,18 @@ the unbilled are found by one listing, and the controller's rule sends again onl
 from __future__ import annotations
 
 import dataclasses
+import io
 from collections.abc import Collection
 from pathlib import Path
 
+import pytest
+from pydantic import SecretStr
+
+from benchmarks.fault_proxy import GARBLED, FaultProxy
 from billing import client
 from billing.sample import generate, sample_price_book_bytes, sample_tax_table_bytes
-from shared import submissions
+from shared import inbox, submissions
+from shared.errors import InfrastructureError
 from shared.messaging.envelope import ClaimCheck
 from shared.messaging.storage import Storage
 from shared.settings import Settings
@@ -43,6 +49,33 @@ async def test_the_file_keeps_its_request(settings_env: Settings, storage: Stora
     kept = submissions.request_of(properties)
     assert dataclasses.replace(kept, uploaded_at=None) == dataclasses.replace(sent, uploaded_at=None)
     assert await submissions.inbox_file(storage.container(settings_env.inbox_container), "other") is None
+
+
+async def test_a_file_damaged_on_its_way_is_refused_and_nothing_of_it_stored(
+    settings_env: Settings, storage: Storage, tmp_path: Path
+) -> None:
+    await client.register(settings_env, sample_price_book_bytes(), sample_tax_table_bytes())
+    path = tmp_path / "damaged.csv"
+    generate(2_000, path, seed=3)  # a dozen blocks, staged a few at once
+    container = storage.container(settings_env.inbox_container)
+    assert settings_env.storage_connection_string is not None
+    with FaultProxy(settings_env.storage_connection_string.get_secret_value(), kinds=[GARBLED]) as proxy:
+        proxy.outage(600, kind=GARBLED, services=["blob"], path="comp=block&")  # the blocks, not the list
+        garbling = settings_env.model_copy(update={"storage_connection_string": SecretStr(proxy.connection_string)})
+        with pytest.raises(InfrastructureError, match="the file arrived damaged"):
+            await client.submit(garbling, path, batch_id="damaged")
+        assert proxy.injected["blob"][GARBLED] >= 1
+    assert await submissions.inbox_file(container, "damaged") is None
+    assert [b async for b in container.list_blobs()] == []  # not even a mark
+    assert await requests_waiting(storage, settings_env) == 0
+
+    await client.submit(settings_env, path, batch_id="damaged")  # undamaged, it is taken whole
+    blob = container.get_blob_client("damaged")
+    committed, _ = await blob.get_block_list("committed")
+    frames = inbox.frame_index((block.id, block.size) for block in committed)
+    stored = await (await blob.download_blob()).readall()
+    assert b"".join(data for _, data in inbox.read_frames(io.BytesIO(stored), frames)) == path.read_bytes()
+    assert await requests_waiting(storage, settings_env) == 1
 
 
 async def test_only_a_lost_request_is_sent_again(settings_env: Settings, storage: Storage, tmp_path: Path) -> None:
