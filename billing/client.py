@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import hashlib
 import io
 import logging
-import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, date, datetime
@@ -31,6 +29,8 @@ from shared.rules.versions import Version, dated
 from shared.settings import Settings
 from shared.submissions import REQUESTED, VOIDED, request_metadata, send_request
 
+from .batch_ids import check_batch_id, file_digest
+
 log = logging.getLogger(__name__)
 
 #: How much of a file ``billing submit`` reads to refuse it early (the initiator reads the rest).
@@ -44,9 +44,6 @@ NONE_REGISTERED = (
     "no reference data registered: run `billing reference set --pricebook P --taxes T` once, "
     "or give --pricebook and --taxes"
 )
-
-#: Batch ids name blobs and prefixes (a ``/`` would nest one batch's blobs inside another's).
-BATCH_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 
 
 @dataclass(frozen=True)
@@ -78,21 +75,6 @@ class Turn:
         """Until the submission before this one has sent its request or ended."""
         if self.before is not None:
             await self.before.wait()
-
-
-def check_batch_id(batch_id: str) -> None:
-    """Refuse a batch id that cannot name blobs and prefixes (:data:`BATCH_ID`)."""
-    if not BATCH_ID.fullmatch(batch_id):
-        raise InputError(f"batch id {batch_id!r}: use 1 to 128 letters, digits, '.', '_', ':' or '-'")
-
-
-def file_digest(path: Path) -> str:
-    """Hex SHA-256 of a file, read in blocks: the default batch id."""
-    digest = hashlib.sha256()
-    with path.open("rb") as file:
-        while block := file.read(1 << 20):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def check_head(path: Path, fmt: str) -> None:

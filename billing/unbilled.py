@@ -22,7 +22,8 @@ from shared.messaging.storage import Storage
 from shared.settings import Settings
 from shared.submissions import InboxFile
 
-from .client import announce, check_batch_id
+from .batch_ids import check_batch_id
+from .client import announce
 from .sql import open_store
 
 if TYPE_CHECKING:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+from collections.abc import Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -46,9 +48,17 @@ def submit(
         raise click.UsageError("--batch-id names one batch: give it with one file")
     from shared import telemetry
 
+    from ..batch_ids import file_digest
+
     settings = resolve()
-    with telemetry.running("client"):  # exported when configured: the root span of each batch's trace
-        outcomes = asyncio.run(_submit_all(settings, files, batch_id=batch_id, pricebook=pricebook, taxes=taxes))
+    # The default batch ids are hashed while the storage SDK loads (hashing releases the GIL).
+    with ThreadPoolExecutor(thread_name_prefix="digest") as hashing:
+        hashable = [] if batch_id else [f for f in files if f.stat().st_size <= settings.max_file_bytes]
+        digests = {file: hashing.submit(file_digest, file) for file in hashable}
+        with telemetry.running("client"):  # exported when configured: the root span of each batch's trace
+            outcomes = asyncio.run(
+                _submit_all(settings, files, digests, batch_id=batch_id, pricebook=pricebook, taxes=taxes)
+            )
     submitted: list[str] = []  # and those submitted before: --wait waits for them too
     for file, outcome in zip(files, outcomes, strict=True):
         if isinstance(outcome, BillingError):
@@ -83,15 +93,17 @@ def submit(
 
 
 async def _submit_all(
-    settings: Settings, files: tuple[Path, ...], **options: Any
+    settings: Settings, files: tuple[Path, ...], digests: Mapping[Path, Future[str]], **options: Any
 ) -> list[client.Submission | BillingError]:
     """Every file's submission at once, their requests sent in the order given (so numbered in that order): its
-    outcome, or why it was refused (anything else is raised)."""
+    outcome, or why it was refused (anything else is raised). ``digests``: the batch ids of the files that take
+    their digest as theirs, on their way."""
     from .. import client
 
     async def submission(file: Path, turn: client.Turn) -> client.Submission:
         try:
-            return await client.submit(settings, file, turn=turn, **options)
+            batch_id = await asyncio.wrap_future(digests[file]) if file in digests else options["batch_id"]
+            return await client.submit(settings, file, turn=turn, **{**options, "batch_id": batch_id})
         finally:
             turn.done.set()
 
