@@ -62,6 +62,6 @@ def main(argv: list[str] | None = None) -> None:
         print_error(redact(str(exc)))  # one line, as written
         sys.exit(2)
     finally:
-        # Done: spare the interpreter's last collection a walk over every object the imports made
-        # (0.3 s of what the user waits for `billing submit --wait` to return, 0.05 s frozen).
+        # Done: spare the interpreter's last collection a walk over every object the imports made (part of
+        # what the user waits for `billing submit --wait` to return).
         gc.freeze()
