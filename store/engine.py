@@ -179,7 +179,7 @@ def writing(engine: sa.Engine) -> Iterator[sa.Connection]:
 def index_plans(conn: sa.Connection) -> None:
     """Have the rest of this transaction read tables by their indexes whatever the statistics say: on PostgreSQL the
     ledger's ids, loaded in bulk or grown much since they were last analysed, can look few enough to read whole
-    (15.8 s at 50,000,000 ids). SQLite plans by its indexes anyway."""
+    (docs/performance.md, "The id ledger"). SQLite plans by its indexes anyway."""
     if conn.dialect.name == "postgresql":
         conn.exec_driver_sql("SET LOCAL enable_seqscan = off")
 
