@@ -53,7 +53,7 @@ def submit(
     settings = resolve()
     # The default batch ids are hashed while the storage SDK loads (hashing releases the GIL).
     with ThreadPoolExecutor(thread_name_prefix="digest") as hashing:
-        hashable = [] if batch_id else [f for f in files if f.stat().st_size <= settings.max_file_bytes]
+        hashable = [] if batch_id is not None else [f for f in files if f.stat().st_size <= settings.max_file_bytes]
         digests = {file: hashing.submit(file_digest, file) for file in hashable}
         with telemetry.running("client"):  # exported when configured: the root span of each batch's trace
             outcomes = asyncio.run(
