@@ -96,8 +96,8 @@ async def _submit_all(
     settings: Settings, files: tuple[Path, ...], digests: Mapping[Path, Future[str]], **options: Any
 ) -> list[client.Submission | BillingError]:
     """Every file's submission at once, their requests sent in the order given (so numbered in that order): its
-    outcome, or why it was refused (anything else is raised). ``digests``: the batch ids of the files that take
-    their digest as theirs, on their way."""
+    outcome, or why it was refused (anything else is raised). ``digests``: the default batch ids (each file's
+    SHA-256) being computed, of the files submitted without ``--batch-id``."""
     from .. import client
 
     async def submission(file: Path, turn: client.Turn) -> client.Submission:
