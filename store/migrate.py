@@ -13,7 +13,7 @@ from .engine import writing
 MIGRATIONS = Path(__file__).with_name("migrations")
 #: The newest migration's revision (a test checks it is Alembic's head): a store already there opens
 #: without loading Alembic (CPU time of every `billing submit --wait` and role start).
-SCHEMA_REVISION = "0016"
+SCHEMA_REVISION = "0017"
 
 _MIGRATION_LOCK = 0x62696C6C  # PostgreSQL advisory lock key ("bill")
 

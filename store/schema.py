@@ -382,8 +382,7 @@ held = sa.Table(
 #: parts and manifest; at its completion those it did not count are deleted, when voided or refused all of them.
 #: The key starts with the segment, so that a batch's ids go into one segment (a batch's ids are found by its
 #: segment and ``batch_key``, its ``batches.id_key``); ``id_hash`` (the id's signed 64-bit hash) finds an id's rows
-#: in every segment, ``transaction_id`` tells two ids of one hash apart
-#: (text of any length: an id too long to be valid is recorded too, and deleted when its row is rejected).
+#: in every segment. The ids' text is in ``ledger_id_texts``, read only where two hashes meet.
 ledger_ids = sa.Table(
     "ledger_ids",
     metadata,
@@ -391,8 +390,19 @@ ledger_ids = sa.Table(
     sa.Column("id_hash", sa.BigInteger, primary_key=True, autoincrement=False),
     sa.Column("batch_key", sa.BigInteger, primary_key=True, autoincrement=False),
     sa.Column("row", sa.BigInteger, primary_key=True, autoincrement=False),
-    sa.Column("transaction_id", sa.Text, nullable=False),
     sqlite_with_rowid=False,
+)
+
+#: The text of the ledger's ids (store.ledger.ids), what tells two ids of one hash apart: per batch (``batch_key``),
+#: its ids as recorded together, a Parquet table (``IDS_SCHEMA``: row, transaction_id, of any length) of those of
+#: rows ``first_row`` to ``last_row``. Deleted with the batch's ids when it is voided or refused.
+ledger_id_texts = sa.Table(
+    "ledger_id_texts",
+    metadata,
+    sa.Column("batch_key", sa.BigInteger, primary_key=True, autoincrement=False),
+    sa.Column("first_row", sa.BigInteger, primary_key=True, autoincrement=False),
+    sa.Column("last_row", sa.BigInteger, primary_key=True, autoincrement=False),
+    sa.Column("ids", sa.LargeBinary, nullable=False),
 )
 
 #: The ids parts recorded (store.ledger.ids): a part delivered twice is recorded once.

@@ -7,9 +7,11 @@ across batches").
   that little is left to record when the last work item is rated. They go into the *segment* of
   :data:`SEGMENT_ROWS` ids that was current at the batch's first ids (the key starts with it, so a batch's
   inserts stay in one part of the index however large the ledger), sorted by hash, under the batch's key
-  (``id_key``, given then: its seq comes only with its manifest). A batch completes once all its parts are
-  recorded; then the ids it did not count are deleted (:func:`forget_uncounted`); a void or a refusal deletes
-  all of them (:mod:`store.ledger.numbers`, :func:`release`).
+  (``id_key``, given then: its seq comes only with its manifest). Each id is its hash and its row there: the ids'
+  text goes, as recorded together, into parts of ``ledger_id_texts`` (Parquet), read only for the rows where a hash
+  is found again. A batch completes once all its parts are recorded; then the ids it did not count are deleted
+  (:func:`forget_uncounted`; their text stays in its part, never read again); a void or a refusal deletes all of
+  them, and their text (:func:`release`).
 - **Who is checked.** The initiator marks the first occurrences the id filter may hold; they are held and
   decided here, exactly, against every earlier batch (:func:`decide`): an id counted in a complete earlier
   batch is taken; one in an earlier batch still running makes this batch wait for it, as does an earlier batch
@@ -27,15 +29,18 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 
 from shared.messages import IdsPart
 from shared.rules.duplicates import id_hashes
+from shared.rules.schemas import IDS_SCHEMA
+from shared.tables import decode_table, encode_table
 
 from ..batches import SETTLED, BatchRow, BatchState
 from ..engine import CHUNK, chunks
-from ..schema import batches, counters, held, ledger_id_parts, ledger_ids, rejects
+from ..schema import batches, counters, held, ledger_id_parts, ledger_id_texts, ledger_ids, rejects
 from .numbers import take_numbers
 
 #: An id as the ledger finds it: its hash and its text.
@@ -46,27 +51,34 @@ SEGMENT_ROWS = 1 << 20
 IDS = "ledger_ids"
 #: The counter of the batches' keys in ``ledger_ids``.
 ID_KEYS = "ledger_id_keys"
+#: Ids inserted at a time, and the most a part of their text holds (a hash found again reads one part).
 _INSERT_ROWS = 100_000
-_COLUMNS = "segment, id_hash, batch_key, row, transaction_id"
+_COLUMNS = "segment, id_hash, batch_key, row"
 #: What each id brings to an insert (the segment and the batch's key are the insert's).
-_COLUMNS_OF_ID = ("id_hash", "row", "transaction_id")
+_COLUMNS_OF_ID = ("id_hash", "row")
 #: Ids named per SQLite insert statement.
 _SQLITE_STATEMENT_IDS = 100
-_NEW_PART = {
-    name: insert(ledger_id_parts).on_conflict_do_nothing(index_elements=["batch_id", "part"])
-    for name, insert in (("postgresql", postgresql.insert), ("sqlite", sqlite.insert))
-}
+_NEW_PART, _NEW_TEXTS = (
+    {
+        name: insert(table).on_conflict_do_nothing(index_elements=key)
+        for name, insert in (("postgresql", postgresql.insert), ("sqlite", sqlite.insert))
+    }
+    for table, key in (
+        (ledger_id_parts, ["batch_id", "part"]),
+        (ledger_id_texts, ["batch_key", "first_row", "last_row"]),
+    )
+)
 _PG_PROBED = sa.text(
-    "SELECT l.id_hash, l.transaction_id, l.batch_key FROM unnest(CAST(:hashes AS bigint[])) AS h(id_hash) "
-    "CROSS JOIN LATERAL (SELECT id_hash, transaction_id, batch_key FROM ledger_ids "
+    "SELECT l.id_hash, l.batch_key, l.row FROM unnest(CAST(:hashes AS bigint[])) AS h(id_hash) "
+    "CROSS JOIN LATERAL (SELECT id_hash, batch_key, row FROM ledger_ids "
     "WHERE segment = ANY(CAST(:segments AS bigint[])) AND id_hash = h.id_hash) AS l"
 )
 _DELETE_ID = sa.delete(ledger_ids).where(
     *(ledger_ids.c[name] == sa.bindparam(name) for name in ("segment", "id_hash", "batch_key", "row"))
 )
 _PG_INSERT = sa.text(
-    f"INSERT INTO ledger_ids ({_COLUMNS}) SELECT :segment, h, :batch_key, r, t FROM unnest(CAST(:id_hash AS bigint[]),"
-    " CAST(:row AS bigint[]), CAST(:transaction_id AS text[])) AS u(h, r, t) ON CONFLICT DO NOTHING"
+    f"INSERT INTO ledger_ids ({_COLUMNS}) SELECT :segment, h, :batch_key, r FROM unnest(CAST(:id_hash AS bigint[]),"
+    " CAST(:row AS bigint[])) AS u(h, r) ON CONFLICT DO NOTHING"
 )
 
 
@@ -105,7 +117,7 @@ def record_ids(conn: sa.Connection, row: BatchRow, ids: pa.Table | None) -> None
     segment = row["id_segment"]
     if segment is None:
         segment = row["id_segment"] = (counted - 1) // SEGMENT_ROWS
-    texts = ids["transaction_id"].to_numpy(zero_copy_only=False)  # Python strings, hashed and bound
+    texts = ids["transaction_id"]
     insert_ids(conn, segment, key, id_hashes(texts), ids["row"].to_numpy(), texts)
 
 
@@ -115,33 +127,44 @@ def insert_ids(
     key: int,
     hashes: np.ndarray,
     rows: np.ndarray,
-    ids: pa.Array | pa.ChunkedArray | np.ndarray,
+    ids: pa.Array | pa.ChunkedArray,
 ) -> None:
-    """Insert ids of the batch of ``key`` (each with its row there) into ``segment``, sorted by hash first (also
-    the benchmark's bulk load). An id already recorded for its batch and row is left as it is: the ids of a row
-    never change, so one recorded twice (a part cut again by an initiator that took the batch over) is the same."""
+    """Insert ids of the batch of ``key`` (each with its row there) into ``segment``, sorted by hash first, and
+    their text in parts (also the benchmark's bulk load). An id already recorded for its batch and row is left as
+    it is: the ids of a row never change, so one recorded twice (a part cut again by an initiator that took the
+    batch over) is the same, as is its text."""
     order = np.argsort(hashes, kind="stable")
-    texts = (ids if isinstance(ids, np.ndarray) else ids.to_numpy(zero_copy_only=False))[order]
     for start in range(0, len(order), _INSERT_ROWS):
         at = order[start : start + _INSERT_ROWS]
-        of_ids = hashes[at], rows[at], texts[start : start + _INSERT_ROWS]
+        of_ids = hashes[at], rows[at]
         if conn.dialect.name == "postgresql":
             arrays = {name: values.tolist() for name, values in zip(_COLUMNS_OF_ID, of_ids, strict=True)}
             conn.execute(_PG_INSERT, {"segment": segment, "batch_key": key, **arrays})
         else:
             _sqlite_insert(conn, segment, key, *of_ids)
+    texts = pa.table([pa.array(rows, pa.int64()), ids], schema=IDS_SCHEMA)
+    parts = [_text_part(key, texts.slice(start, _INSERT_ROWS)) for start in range(0, len(texts), _INSERT_ROWS)]
+    if parts:
+        conn.execute(_NEW_TEXTS[conn.dialect.name], parts)
 
 
-def _sqlite_insert(
-    conn: sa.Connection, segment: int, key: int, hashes: np.ndarray, rows: np.ndarray, ids: np.ndarray
-) -> None:
-    """Insert ids into ``segment`` under ``key``, each given as its hash, row and text: many ids per statement, as
-    most of what SQLite spends on a statement per id goes to the statement. The segment and the key are the
-    statement's own numbers, each id's values plain ``?`` (a numbered placeholder costs a look-up per value, and on
-    some Python versions a warning); a statement's values are a row of an array of Python objects, the ids' side by
-    side."""
-    values = np.empty((len(hashes), len(_COLUMNS_OF_ID)), dtype=object)
-    values[:, 0], values[:, 1], values[:, 2] = hashes, rows, ids  # Python ints and strings
+def _text_part(key: int, part: pa.Table) -> dict[str, Any]:
+    """A row of ``ledger_id_texts``: the ids of ``part`` (``IDS_SCHEMA``) of the batch of ``key``."""
+    first, last = pc.min_max(part["row"]).values()
+    return {
+        "batch_key": key,
+        "first_row": first.as_py(),
+        "last_row": last.as_py(),
+        "ids": encode_table(part, dictionary=()),
+    }
+
+
+def _sqlite_insert(conn: sa.Connection, segment: int, key: int, hashes: np.ndarray, rows: np.ndarray) -> None:
+    """Insert ids into ``segment`` under ``key``, each given as its hash and row: many ids per statement, as most of
+    what SQLite spends on a statement per id goes to the statement. The segment and the key are the statement's own
+    numbers, each id's values plain ``?`` (a numbered placeholder costs a look-up per value, and on some Python
+    versions a warning); a statement's values are a row of the ids' values side by side."""
+    values = np.stack([hashes, rows], axis=1).astype(np.int64)
     cut = len(values) - len(values) % _SQLITE_STATEMENT_IDS
     if cut:
         statements = list(map(tuple, values[:cut].reshape(-1, _SQLITE_STATEMENT_IDS * len(_COLUMNS_OF_ID)).tolist()))
@@ -152,7 +175,7 @@ def _sqlite_insert(
 
 def _sqlite_insert_sql(segment: int, key: int, ids: int) -> str:
     """An insert of ``ids`` ids into ``segment`` under ``key`` (the columns ``_COLUMNS``)."""
-    one = f"({int(segment)}, ?, {int(key)}, ?, ?)"
+    one = f"({int(segment)}, ?, {int(key)}, ?)"
     return f"INSERT OR IGNORE INTO ledger_ids ({_COLUMNS}) VALUES " + ", ".join([one] * ids)
 
 
@@ -201,8 +224,9 @@ def forget_uncounted(conn: sa.Connection, row: BatchRow, kept: Iterable[int]) ->
 
 
 def release(conn: sa.Connection, row: BatchRow) -> None:
-    """Delete every id of batch ``row`` (refused, or voided): later batches may count them."""
+    """Delete every id of batch ``row`` (refused, or voided), and their text: later batches may count them."""
     conn.execute(sa.delete(ledger_ids).where(*_of_batch(ledger_ids, row["id_segment"], row["id_key"])))
+    conn.execute(sa.delete(ledger_id_texts).where(ledger_id_texts.c.batch_key == row["id_key"]))
 
 
 def _of_batch(table: sa.FromClause, segment: int | None, key: int | None) -> tuple[sa.ColumnElement[bool], ...]:
@@ -271,13 +295,17 @@ def _earlier_rows(conn: sa.Connection, seq: int, own: Mapping[int, IdKey]) -> li
     if not own:
         return []
     by_id: dict[tuple[int, str], list[int]] = {}
-    for number, key in own.items():
-        by_id.setdefault(key, []).append(number)
+    for number, id_key in own.items():
+        by_id.setdefault(id_key, []).append(number)
     segments = _segments(conn)
-    found: dict[int, list[int]] = {}  # batch key → rows of ``own`` whose id it holds
+    probed: dict[int, dict[int, int]] = {}  # batch key → its rows holding one of the hashes → the hash
     for chunk in chunks(sorted({h for h, _ in by_id}), CHUNK):
         for r in _probed(conn, segments, chunk):
-            found.setdefault(r.batch_key, []).extend(by_id.get((r.id_hash, r.transaction_id), ()))  # the real id
+            probed.setdefault(r.batch_key, {})[r.row] = r.id_hash
+    found: dict[int, list[int]] = {}  # batch key → rows of ``own`` whose id it holds
+    for batch_key, rows in probed.items():
+        texts = _texts(conn, batch_key, rows)
+        found[batch_key] = [number for at, h in rows.items() for number in by_id.get((h, texts[at]), ())]  # the real id
     earlier = sa.select(batches.c.id_key, batches.c.batch_id, batches.c.seq, batches.c.state).where(
         batches.c.seq < seq, batches.c.voided_at.is_(None)
     )
@@ -289,12 +317,12 @@ def _earlier_rows(conn: sa.Connection, seq: int, own: Mapping[int, IdKey]) -> li
 
 
 def _probed(conn: sa.Connection, segments: list[int], hashes: list[int]) -> sa.CursorResult[Any]:
-    """The ids of ``hashes`` in ``segments``: their hash, text and batch key, each hash probed in every segment. On
+    """The ids of ``hashes`` in ``segments``: their hash, batch key and row, each hash probed in every segment. On
     PostgreSQL a probe per hash is all the statement allows (a lateral subquery): given the hashes as one list,
     statistics older than a segment made it read the segment whole and check each id against the list."""
     if conn.dialect.name == "postgresql":
         return conn.execute(_PG_PROBED, {"segments": segments, "hashes": hashes})
-    columns = ledger_ids.c.id_hash, ledger_ids.c.transaction_id, ledger_ids.c.batch_key
+    columns = ledger_ids.c.id_hash, ledger_ids.c.batch_key, ledger_ids.c.row
     return conn.execute(sa.select(*columns).where(ledger_ids.c.segment.in_(segments), ledger_ids.c.id_hash.in_(hashes)))
 
 
@@ -309,10 +337,36 @@ def _shared_rows(conn: sa.Connection, row: BatchRow, other: _Hit) -> set[int]:
     common = set(np.intersect1d(mine_hashes, their_hashes).tolist())
     if not common:
         return set()
-    ids = conn.execute(_ids_of(*theirs, ledger_ids.c.id_hash, ledger_ids.c.transaction_id))
-    texts = {(h, t) for h, t in ids if h in common}
-    rows = conn.execute(_ids_of(*mine, ledger_ids.c.row, ledger_ids.c.id_hash, ledger_ids.c.transaction_id))
-    return {number for number, h, t in rows if h in common and (h, t) in texts}
+    my_rows, their_rows = (
+        {
+            number: h
+            for number, h in conn.execute(_ids_of(*batch, ledger_ids.c.row, ledger_ids.c.id_hash))
+            if h in common
+        }
+        for batch in (mine, theirs)
+    )
+    their_texts = _texts(conn, other.key, their_rows)
+    their_ids = {(h, their_texts[number]) for number, h in their_rows.items()}
+    my_texts = _texts(conn, row["id_key"], my_rows)
+    return {number for number, h in my_rows.items() if (h, my_texts[number]) in their_ids}
+
+
+def _texts(conn: sa.Connection, key: int | None, rows: Iterable[int]) -> dict[int, str]:
+    """The ids of ``rows`` of the batch of ``key``, from the parts of its text that may hold them."""
+    wanted = pa.array(sorted(rows), pa.int64())
+    if not len(wanted):
+        return {}
+    query = sa.select(ledger_id_texts.c.ids).where(
+        ledger_id_texts.c.batch_key == key,
+        ledger_id_texts.c.first_row <= wanted[-1].as_py(),
+        ledger_id_texts.c.last_row >= wanted[0].as_py(),
+    )
+    texts: dict[int, str] = {}
+    for data in conn.scalars(query):
+        part = decode_table(data)
+        part = part.filter(pc.is_in(part["row"], value_set=wanted))
+        texts.update(zip(part["row"].to_pylist(), part["transaction_id"].to_pylist(), strict=True))
+    return texts
 
 
 def _ids_of(segment: int | None, key: int | None, *columns: sa.ColumnElement[Any]) -> sa.Select[Any]:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from datetime import UTC, datetime
+from typing import cast
 
 import sqlalchemy as sa
 
@@ -25,7 +26,7 @@ from shared.errors import InputError
 
 from ..batches import BatchRow, BatchState, BatchStatus, status
 from ..engine import index_plans, writing
-from ..schema import batches, counters, ledger_ids
+from ..schema import batches, counters
 from .periods import late
 
 #: The counter of batch sequence numbers.
@@ -123,7 +124,8 @@ def void(engine: sa.Engine, batch_id: str, *, now: datetime | None = None) -> Ba
         if row["state"] != BatchState.complete:
             raise LedgerError(f"batch {batch_id} is {row['state']}, not complete: only a complete batch can be voided")
         conn.execute(sa.update(batches).where(batches.c.batch_id == batch_id).values(voided_at=now))
-        released = sa.delete(ledger_ids).where(ledger_ids.c.segment == row["id_segment"])
-        conn.execute(released.where(ledger_ids.c.batch_key == row["id_key"]))  # its ids (store.ledger.ids)
+        from .ids import release  # here: store.ledger.ids takes its numbers from this module
+
+        release(conn, cast(BatchRow, row))  # its ids, free for later batches
         row = conn.execute(sa.select(batches).where(batches.c.batch_id == batch_id)).mappings().one()
         return status(row, late(conn, [batch_id]).get(batch_id))

@@ -9,7 +9,10 @@ from decimal import Decimal
 
 import numpy as np
 import pyarrow as pa
+import pytest
 import sqlalchemy as sa
+from alembic import command
+from alembic.config import Config
 
 from benchmarks.ledger import Cut, InProcess, apply, ledger_filter, load_ledger
 from benchmarks.reference_model import Ledger, Row, read_prices, read_rates
@@ -17,11 +20,13 @@ from billing import reports
 from billing.sample import sample_price_book_bytes, sample_tax_table_bytes
 from shared.messages import IdsPart
 from shared.rules.duplicates import id_hashes
-from store import BatchState, Store
+from shared.tables import decode_table
+from store import MIGRATIONS, BatchState, Store
 from store.engine import writing
+from store.ledger import ids as ids_module
 from store.ledger.ids import IDS, SEGMENT_ROWS, insert_ids
 from store.ledger.numbers import take_numbers
-from store.schema import ledger_ids
+from store.schema import batches, ledger_id_texts, ledger_ids
 from support.ledger import csv_of, manifest_with, rows_of
 from support.revisions import at_revision
 
@@ -53,6 +58,15 @@ def _run(store: Store, shared: InProcess, model: Ledger, batch_id: str, rows: li
     return cut
 
 
+@pytest.fixture(params=[None, 7], ids=["text-in-one-part", "text-in-parts-of-7"])
+def text_parts(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ids recorded with their text in one part per ids part, or in parts of 7 ids (an id found again is then read
+    from one of many parts)."""
+    if request.param is not None:
+        monkeypatch.setattr(ids_module, "_INSERT_ROWS", request.param)
+
+
+@pytest.mark.usefixtures("text_parts")
 def test_an_overlapping_batch_counts_only_new_ids_and_a_void_releases_them(store: Store) -> None:
     shared, model = InProcess(bits=1 << 16), _model()
     first = rows_of([f"t{i}" for i in range(200)])
@@ -91,6 +105,7 @@ def test_a_batch_that_shares_no_id_with_a_running_batch_does_not_wait(store: Sto
     assert store.apply([], second.results).completed_batches == ["two"]
 
 
+@pytest.mark.usefixtures("text_parts")
 def test_ids_the_filter_could_not_hold_refuse_the_later_batch(store: Store) -> None:
     shared, model = InProcess(bits=1 << 16), _model()
     marked = InProcess(bits=1 << 16).filter  # what both initiators read before either merged
@@ -109,6 +124,27 @@ def test_ids_the_filter_could_not_hold_refuse_the_later_batch(store: Store) -> N
     third = shared.cut("three", csv_of(two))  # submitted again: checked, its shared ids duplicates
     apply(store, third)
     _check(store, "three", model.batch("three", two), model)
+
+
+@pytest.mark.usefixtures("text_parts")
+def test_a_hash_shared_with_a_batch_debatched_at_the_same_time_refuses_nothing(store: Store) -> None:
+    """Compared id by id with an earlier batch the filter could not hold, a batch shares only a hash with it (another
+    id of the same hash): no id is shared, nothing refused."""
+    shared, model = InProcess(bits=1 << 16), _model()
+    marked = InProcess(bits=1 << 16).filter
+    one, two = rows_of([f"d{i}" for i in range(60)]), rows_of([f"e{i}" for i in range(60)])
+    first = shared.cut("one", csv_of(one), marked_with=marked)
+    second = shared.cut("two", csv_of(two), marked_with=marked)
+    second = Cut(manifest_with(second.manifest, filter_serial=0), second.results)
+    store.apply([first.manifest, second.manifest], [])
+    with writing(store.engine) as conn:
+        of_one = sa.select(batches.c.id_segment, batches.c.id_key).where(batches.c.batch_id == "one")
+        segment, key = conn.execute(of_one).one()
+        insert_ids(conn, segment, key, id_hashes(pa.array(["e7"])), np.array([999]), pa.array(["not-e7"]))
+    assert store.apply([], second.results).completed_batches == []  # waits for "one", which it could not check
+    assert store.apply([], first.results).completed_batches == ["one", "two"]
+    _check(store, "one", model.batch("one", one), model)
+    _check(store, "two", model.batch("two", two), model)
 
 
 def test_a_batch_is_compared_with_one_debatched_at_the_same_time_in_passes_however_stale_the_statistics(
@@ -199,10 +235,7 @@ def test_a_hash_shared_by_two_ids_never_rejects_a_row(store: Store) -> None:
     fresh = id_hashes(pa.array(["fresh"]))
     shared.filter.add(fresh.view(np.uint64))
     with writing(store.engine) as conn:
-        conn.execute(
-            sa.insert(ledger_ids),
-            [{"segment": 0, "id_hash": int(fresh[0]), "batch_key": 1, "row": 99, "transaction_id": "not-fresh"}],
-        )
+        insert_ids(conn, 0, 1, fresh, np.array([99]), pa.array(["not-fresh"]))
     cut = _run(store, shared, model, "second", rows_of(["fresh", "k1"]))
     assert sum(r.held.num_rows for r in cut.results) == 2
 
@@ -325,15 +358,62 @@ def test_ids_recorded_twice_under_other_parts_are_recorded_once(store: Store) ->
         assert conn.scalar(sa.select(sa.func.count()).select_from(ledger_ids)) == 1200
 
 
-def test_ids_are_recorded_whole_however_many_each_statement_names(store: Store) -> None:
-    """Each id's hash, row and text as given, under its segment and key, with more ids than one statement names and
-    a last statement of fewer; given again, they are left as they are."""
+def test_ids_are_recorded_whole_however_many_each_statement_names(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each id's hash and row as given, under its segment and key, with more ids than one statement names and a last
+    statement of fewer, and its text in parts of the batch's; given again, they are left as they are."""
+    monkeypatch.setattr(ids_module, "_INSERT_ROWS", 500)  # three parts of text, the last of fewer
     ids = pa.array([f"tx-{i}-{'é' * (i % 3)}" for i in range(1_234)] + ["x" * 80])
     rows = np.arange(10, 10 + len(ids), dtype=np.int64)
     hashes = id_hashes(ids)
-    expected = {(3, h, 41, r, t) for h, r, t in zip(hashes.tolist(), rows.tolist(), ids.to_pylist(), strict=True)}
+    expected = {(3, h, 41, r) for h, r in zip(hashes.tolist(), rows.tolist(), strict=True)}
     for _ in range(2):
         with writing(store.engine) as conn:
             insert_ids(conn, 3, 41, hashes, rows, ids)
         with store.engine.connect() as conn:
             assert {tuple(r) for r in conn.execute(sa.select(ledger_ids))} == expected
+            parts = conn.execute(sa.select(ledger_id_texts)).all()
+        assert [(p.batch_key, p.first_row, p.last_row) for p in parts] == [
+            (41, 10, 509),
+            (41, 510, 1009),
+            (41, 1010, 1244),
+        ]
+        texts = pa.concat_tables([decode_table(p.ids) for p in parts])
+        assert texts["row"].to_pylist() == rows.tolist() and texts["transaction_id"].to_pylist() == ids.to_pylist()
+
+
+def test_the_ids_text_goes_back_into_the_rows_when_the_schema_goes_back(
+    sql_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Migration 0017 down and up again: each id's text back beside its hash and row (revision 0016's table), then in
+    parts again, every id of every part and batch found where it was."""
+    monkeypatch.setattr(ids_module, "_INSERT_ROWS", 40)
+    batches_ids = {7: pa.array([f"g{i}" for i in range(100)]), 8: pa.array([f"h{i}-é" for i in range(30)])}
+    with Store(sql_url) as store, writing(store.engine) as conn:
+        for key, ids in batches_ids.items():
+            insert_ids(conn, 0, key, id_hashes(ids), np.arange(1, len(ids) + 1), ids)
+    expected = {
+        (key, int(h), row, text)
+        for key, ids in batches_ids.items()
+        for row, (h, text) in enumerate(zip(id_hashes(ids), ids.to_pylist(), strict=True), start=1)
+    }
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS))
+    engine = sa.create_engine(sql_url)
+    with engine.begin() as conn:
+        config.attributes["connection"] = conn
+        command.downgrade(config, "0016")
+    with engine.connect() as conn:
+        recorded = conn.exec_driver_sql("SELECT batch_key, id_hash, row, transaction_id FROM ledger_ids").all()
+    assert {tuple(r) for r in recorded} == expected
+    engine.dispose()
+    with Store(sql_url) as store, store.engine.connect() as conn:  # upgrades in place
+        parts = conn.execute(sa.select(ledger_id_texts)).all()
+        texts = {
+            (p.batch_key, row, text)
+            for p in parts
+            for row, text in zip(*decode_table(p.ids).to_pydict().values(), strict=True)
+        }
+        assert {(key, row, text) for key, _, row, text in expected} == texts
+        assert {(p.batch_key, p.first_row, p.last_row) for p in parts} == {(7, 1, 100), (8, 1, 30)}
