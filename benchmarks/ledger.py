@@ -230,6 +230,7 @@ class LedgerRun:
     pipeline: PipelineRun
     load_seconds: float  # migrating the store and loading the ids into it
     load_rss_mib: float  # peak RSS of the process that did it
+    store_bytes: int  # the store's size once loaded: the SQLite database's pages, the PostgreSQL database
     filter_seconds: float  # building the ids' filter and writing its blob
     filter_rss_mib: float  # peak RSS of the process that did it (and counted the marked rows)
     marked_rows: int  # rows the initiator marks for the exact check: the batch's repeats and the filter's candidates
@@ -253,7 +254,9 @@ def run_ledger(
     def prepare(settings: Settings) -> None:
         source = _batch_file(rows, data_dir, console, messy=DEFAULT_FILE == "messy")
         with console.status(f"{kind}: loading {ledger_ids:,} ids"):
-            prepared["load"] = _in_child(_load_sql, settings.sql_url_value, ledger_ids)
+            (prepared["load"], prepared["store"]), prepared["load_rss"] = _in_child(
+                _load_sql, settings.sql_url_value, ledger_ids
+            )
             (seconds, prepared["marked"]), rss = _in_child(_load_filter, settings, ledger_ids, source)
             prepared["filter"] = seconds, rss
         prepared["load_average"] = [round(figure, 2) for figure in os.getloadavg()]
@@ -272,8 +275,9 @@ def run_ledger(
     return LedgerRun(
         ledger_ids=ledger_ids,
         pipeline=pipeline,
-        load_seconds=round(prepared["load"][0], 2),
-        load_rss_mib=round(prepared["load"][1], 1),
+        load_seconds=round(prepared["load"], 2),
+        load_rss_mib=round(prepared["load_rss"], 1),
+        store_bytes=prepared["store"],
         filter_seconds=round(prepared["filter"][0], 2),
         filter_rss_mib=round(prepared["filter"][1], 1),
         marked_rows=prepared["marked"],
@@ -322,10 +326,10 @@ def _child(
     answers.put(("ok", (result, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)))
 
 
-def _load_sql(url: str, ids: int) -> float:
-    """Migrate the store and load a ledger of ``ids`` ids into it: wall seconds. On PostgreSQL the table is then
-    vacuumed and analysed, as autovacuum keeps a ledger that grew batch by batch (without statistics, the planner
-    reads a freshly loaded table in full)."""
+def _load_sql(url: str, ids: int) -> tuple[float, int]:
+    """Migrate the store and load a ledger of ``ids`` ids into it: wall seconds, and the store's size in bytes then.
+    On PostgreSQL the table is then vacuumed and analysed, as autovacuum keeps a ledger that grew batch by batch
+    (without statistics, the planner reads a freshly loaded table in full)."""
     started = time.perf_counter()
     with Store(url) as store:
         if ids:
@@ -333,7 +337,16 @@ def _load_sql(url: str, ids: int) -> float:
             if store.engine.dialect.name == "postgresql":
                 with store.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
                     conn.exec_driver_sql("VACUUM ANALYZE ledger_ids")
-    return time.perf_counter() - started
+        seconds = time.perf_counter() - started
+        with store.engine.connect() as conn:
+            if conn.dialect.name == "postgresql":
+                size = conn.exec_driver_sql("SELECT pg_database_size(current_database())").scalar_one()
+            else:
+                pages, page = (
+                    conn.exec_driver_sql(f"PRAGMA {name}").scalar_one() for name in ("page_count", "page_size")
+                )
+                size = pages * page
+    return seconds, int(size)
 
 
 def _load_filter(settings: Settings, ids: int, source: Path) -> tuple[float, int]:
@@ -429,6 +442,7 @@ def _table(store: str, runs: list[LedgerRun]) -> Table:
         ("rows marked for the exact check", lambda one: f"{one.marked_rows:,}"),
         ("load average (1 min) as the roles started", lambda one: f"{one.load_average[0]:.1f}"),
         ("loading the ids into SQL: s, peak RSS MiB", lambda one: f"{one.load_seconds:.0f}, {one.load_rss_mib:.0f}"),
+        ("the store then: MiB", lambda one: f"{one.store_bytes / 2**20:,.0f}"),
         ("writing their filter: s, peak RSS MiB", lambda one: f"{one.filter_seconds:.0f}, {one.filter_rss_mib:.0f}"),
     ]
     for label, cell in lines:

@@ -51,3 +51,4 @@ def test_loaded_ledger_ids_are_duplicates_through_the_roles(tmp_path: Path, monk
     for run in (empty, loaded):
         assert {"initiator", "processor", "controller"} <= run.pipeline.peak_rss_mib.keys()
         assert run.load_rss_mib > 0 and run.filter_rss_mib > 0 and run.load_average
+    assert loaded.store_bytes > empty.store_bytes > 0
