@@ -305,7 +305,7 @@ def _earlier_rows(conn: sa.Connection, seq: int, own: Mapping[int, IdKey]) -> li
     found: dict[int, list[int]] = {}  # batch key → rows of ``own`` whose id it holds
     for batch_key, rows in probed.items():
         texts = _texts(conn, batch_key, rows)
-        found[batch_key] = [number for at, h in rows.items() for number in by_id.get((h, texts[at]), ())]  # the real id
+        found[batch_key] = [number for theirs, h in rows.items() for number in by_id.get((h, texts[theirs]), ())]
     earlier = sa.select(batches.c.id_key, batches.c.batch_id, batches.c.seq, batches.c.state).where(
         batches.c.seq < seq, batches.c.voided_at.is_(None)
     )
